@@ -1,0 +1,75 @@
+"""What a dataset hands to a trial: tensors on the CPU, ready to move to the trial's device once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ursa_ray.methods.base import Augment, Hyperparameter
+
+
+class DatasetMissing(FileNotFoundError):
+    """Raised before any trial starts when a dataset's files are not under the data root."""
+
+
+@dataclass
+class Dataset:
+    """An in-domain training and test set, with its out-of-distribution sets.
+
+    ``task`` is ``"classification"`` (``n_outputs`` classes, integer labels) or ``"regression"``
+    (``n_outputs`` = 1, float targets, ``noise_std`` the known observation noise).  ``test_y`` holds the
+    labels, or for regression the noise-free truth.  ``test_info`` carries extra per-test-point columns
+    (regression: ``in_distribution``, the inputs).  ``cost_matrix[true, decision]`` defines the
+    decision task where the dataset has one.
+    """
+
+    name: str
+    task: str
+    input_shape: tuple[int, ...]
+    n_outputs: int
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    ood: dict[str, Tensor] = field(default_factory=dict)
+    augment: Augment | None = None
+    noise_std: float | None = None
+    cost_matrix: Tensor | None = None
+    test_info: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A named in-domain dataset: its task, the OOD sets it can be paired with, and its loader.
+
+    ``load(options, ood_names, data_root, download)`` returns a :class:`Dataset` whose ``ood`` dict holds
+    the requested OOD sets, normalised with the in-domain statistics.  ``check(data_root, ood_names)``
+    raises :class:`DatasetMissing` (naming the dataset, the path looked at and how to get it) when files
+    are absent; it is called before any trial starts.  ``options`` are extra settings a grid may give,
+    ``sweep`` names the option a regression grid sweeps as its complexity.
+    """
+
+    name: str
+    task: str
+    description: str
+    load: Callable[[Mapping[str, Any], tuple[str, ...], Path, bool], Dataset]
+    ood_sets: tuple[str, ...] = ()
+    options: tuple[Hyperparameter, ...] = ()
+    check: Callable[[Path, tuple[str, ...]], None] | None = None
+    sweep: str | None = None
+
+
+def data_root(grid_value: str | None) -> Path:
+    """The data root: ``URSA_DATA`` if set, else the grid's ``data_root``, else ``~/.ursa_ray/data``."""
+    chosen = os.environ.get("URSA_DATA") or grid_value or "~/.ursa_ray/data"
+    return Path(chosen).expanduser().resolve()
+
+
+def standardise(x: Tensor, mean: float, std: float) -> Tensor:
+    return ((x - mean) / std).to(torch.float32)

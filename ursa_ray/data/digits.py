@@ -1,0 +1,100 @@
+"""The embedded default: scikit-learn's digits (1,797 real 8×8 handwritten digits shipped with it).
+
+Split: a fixed stratified 80/20 train/test split (seed 0, the same for every trial; the search phase
+carves its validation set out of the training part).  Pixels 0–16 are scaled to [0, 1] and standardised
+with the training mean and std.  OOD sets need no download and are built from the test images:
+
+- ``digits_inverted``: 1 − pixel (white digits become black on white);
+- ``digits_rotated``: each test image rotated by 90°;
+- ``noise``: uniform [0, 1] pixel noise, one image per test image.
+
+``digits_imbalanced`` is the decision task: digits 3 and 7 kept at 10% of their training examples
+(≈14 each; 1% as for MNIST would leave one), cost 100 for errors on them, 0.1 otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ursa_ray.data._decision import cost_matrix, imbalance
+from ursa_ray.data.base import Dataset, DatasetSpec, standardise
+
+OOD_SETS = ("digits_inverted", "digits_rotated", "noise")
+IMPORTANT = (3, 7)
+IMBALANCE_FRACTION = 0.1
+IMPORTANT_COST = 100.0
+
+
+@cache
+def _split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = digits.images.astype(np.float32) / 16.0
+    return tuple(train_test_split(images, digits.target, test_size=0.2, stratify=digits.target, random_state=0))
+
+
+def _ood(name: str, test_images: np.ndarray) -> np.ndarray:
+    if name == "digits_inverted":
+        return 1.0 - test_images
+    if name == "digits_rotated":
+        return np.rot90(test_images, k=1, axes=(1, 2)).copy()
+    if name == "noise":
+        return np.random.default_rng(0).uniform(0.0, 1.0, size=test_images.shape).astype(np.float32)
+    raise KeyError(name)
+
+
+def load_digits_dataset(
+    options: Mapping[str, Any], ood_names: tuple[str, ...], root: Path, download: bool, *, imbalanced: bool = False
+) -> Dataset:
+    x_train, x_test, y_train, y_test = _split()
+    mean, std = float(x_train.mean()), float(x_train.std())
+
+    def images(a: np.ndarray) -> Tensor:
+        return standardise(torch.from_numpy(np.ascontiguousarray(a)).unsqueeze(1), mean, std)
+
+    train_x, train_y = images(x_train), torch.from_numpy(y_train).long()
+    if imbalanced:
+        train_x, train_y = imbalance(train_x, train_y, IMPORTANT, IMBALANCE_FRACTION)
+    return Dataset(
+        name="digits_imbalanced" if imbalanced else "digits",
+        task="classification",
+        input_shape=(1, 8, 8),
+        n_outputs=10,
+        train_x=train_x,
+        train_y=train_y,
+        test_x=images(x_test),
+        test_y=torch.from_numpy(y_test).long(),
+        ood={name: images(_ood(name, x_test)) for name in ood_names},
+        cost_matrix=cost_matrix(10, IMPORTANT, IMPORTANT_COST),
+    )
+
+
+def _load_imbalanced(options: Mapping[str, Any], ood_names: tuple[str, ...], root: Path, download: bool) -> Dataset:
+    return load_digits_dataset(options, ood_names, root, download, imbalanced=True)
+
+
+DATASETS = (
+    DatasetSpec(
+        name="digits",
+        task="classification",
+        description="scikit-learn's 8x8 digits (embedded, no download); 1,437 train / 360 test",
+        load=load_digits_dataset,
+        ood_sets=OOD_SETS,
+    ),
+    DatasetSpec(
+        name="digits_imbalanced",
+        task="classification",
+        description="digits with classes 3 and 7 kept at 10% of their training examples (decision task)",
+        load=_load_imbalanced,
+        ood_sets=OOD_SETS,
+    ),
+)

@@ -1,0 +1,196 @@
+"""The one interface every inference method implements.
+
+A method turns a :class:`Problem` (training tensors already on the trial's device, a likelihood and a
+factory of freshly initialised models) into a *stream of posterior samples*.  Each sample is a
+:data:`Predictor`: a function from an input batch to the network output (class logits, or the
+regression mean).  The evaluator consumes each predictor on every evaluation set before asking for the
+next one, so a method may hand out a view of its live parameters and the posterior predictive is
+accumulated online: memory does not grow with the number of samples.
+
+Methods know nothing of Ray, of evaluation sets or of result files.  Counters worth recording (gradient
+evaluations, HMC acceptance rate, ...) go into the ``stats`` dict passed to :meth:`Method.sample_posterior`;
+they land in ``trials.parquet``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+Predictor = Callable[[Tensor], Tensor]
+"""Maps an input batch to network outputs; valid only until the next sample is requested."""
+
+
+class Likelihood(Protocol):
+    """Observation model p(y | f(x)).  ``log_prob`` returns one log-likelihood per example."""
+
+    name: str
+
+    def log_prob(self, outputs: Tensor, targets: Tensor) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class Categorical:
+    """p(y | logits) = softmax(logits)[y]."""
+
+    name: str = "categorical"
+
+    def log_prob(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        return -nn.functional.cross_entropy(outputs, targets, reduction="none")
+
+
+@dataclass(frozen=True)
+class Gaussian:
+    """p(y | f) = N(y; f, noise_std²) with a known noise standard deviation."""
+
+    noise_std: float
+    name: str = "gaussian"
+
+    def log_prob(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        residual = (outputs.reshape(targets.shape) - targets) / self.noise_std
+        return -0.5 * residual**2 - math.log(self.noise_std) - 0.5 * math.log(2 * math.pi)
+
+
+Augment = Callable[[Tensor, torch.Generator], Tensor]
+
+
+@dataclass
+class Problem:
+    """What a method may see of a trial.
+
+    ``x`` and ``y`` are the whole training set on ``device``.  ``make_model()`` returns a freshly
+    initialised network on ``device`` whose initial weights are drawn from ``generator`` (so each seed,
+    and each ensemble member, starts from its own initialisation).  ``augment``, when set, is applied to
+    every training mini-batch (random crop and flip for CIFAR).
+    """
+
+    x: Tensor
+    y: Tensor
+    likelihood: Likelihood
+    make_model: Callable[[], nn.Module]
+    generator: torch.Generator
+    device: torch.device
+    augment: Augment | None = None
+
+    @property
+    def n_train(self) -> int:
+        return int(self.x.shape[0])
+
+    def minibatches(self, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """One epoch of shuffled mini-batches (the last one may be smaller), drawn from ``generator``."""
+        order = torch.randperm(self.n_train, generator=self.generator, device="cpu").to(self.device)
+        for start in range(0, self.n_train, batch_size):
+            index = order[start : start + batch_size]
+            xb = self.x[index]
+            if self.augment is not None:
+                xb = self.augment(xb, self.generator)
+            yb = self.y[index]
+            yield xb, yb
+
+
+@dataclass(frozen=True)
+class Hyperparameter:
+    """One named setting of a method, with its type, default and allowed range (inclusive)."""
+
+    name: str
+    kind: type
+    default: Any
+    doc: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    def check(self, value: Any) -> Any:
+        """Return ``value`` coerced to ``kind`` or raise ValueError naming what is allowed."""
+        if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if self.kind is bool and not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        if self.kind in (int, float) and (isinstance(value, bool) or not isinstance(value, self.kind)):
+            raise ValueError(f"expected {self.kind.__name__}, got {value!r}")
+        if self.kind is str and not isinstance(value, str):
+            raise ValueError(f"expected a string, got {value!r}")
+        if self.kind is list:
+            if not isinstance(value, (list, tuple)) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
+            ):
+                raise ValueError(f"expected a list of positive integers, got {value!r}")
+            return list(value)
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"expected one of {list(self.choices)}, got {value!r}")
+        if self.low is not None and value < self.low:
+            raise ValueError(f"expected a value >= {self.low}, got {value!r}")
+        if self.high is not None and value > self.high:
+            raise ValueError(f"expected a value <= {self.high}, got {value!r}")
+        return value
+
+    def describe(self) -> str:
+        bounds = ""
+        if self.choices is not None:
+            bounds = f" one of {list(self.choices)}"
+        elif self.low is not None or self.high is not None:
+            bounds = f" in [{self.low if self.low is not None else '-inf'}, {self.high if self.high is not None else 'inf'}]"
+        return f"{self.name} ({self.kind.__name__}{bounds}, default {self.default!r}): {self.doc}"
+
+
+class Method(Protocol):
+    """An approximate-inference method: a name, its hyperparameters and a sample stream."""
+
+    name: str
+    description: str
+    hyperparameters: tuple[Hyperparameter, ...]
+
+    def sample_posterior(
+        self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+    ) -> Iterator[Predictor]:
+        """Yield ``config['n_samples']`` (or the method's own count) posterior samples as predictors."""
+        ...
+
+
+BUDGET_KEYS = ("epochs", "n_samples", "batch_size")
+"""Hyperparameters a grid's ``budget`` block may set for every method that declares them."""
+
+
+def resolve_config(method: Method, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults of ``method`` updated with ``overrides``; each value checked, unknown names rejected."""
+    declared = {h.name: h for h in method.hyperparameters}
+    config = {h.name: h.default for h in method.hyperparameters}
+    for name, value in overrides.items():
+        if name not in declared:
+            raise KeyError(name)
+        config[name] = declared[name].check(value)
+    return config
+
+
+def flat_parameters(model: nn.Module) -> Tensor:
+    """All trainable parameters of ``model`` as one detached vector."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def load_flat_parameters(model: nn.Module, vector: Tensor) -> None:
+    """Copy ``vector`` (as produced by :func:`flat_parameters`) into the parameters of ``model``."""
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(vector[offset : offset + n].view_as(p))
+            offset += n
+
+
+def gaussian_log_prior(model: nn.Module, prior_std: float) -> Tensor:
+    """log N(θ; 0, prior_std² I) up to a constant: -‖θ‖² / (2 prior_std²)."""
+    return -sum((p**2).sum() for p in model.parameters()) / (2 * prior_std**2)
+
+
+def minibatch_log_posterior(
+    model: nn.Module, problem: Problem, xb: Tensor, yb: Tensor, prior_std: float
+) -> Tensor:
+    """Unbiased mini-batch estimate of the full-data log posterior:
+    (N / B) Σ_batch log p(y_i | x_i, θ) + log p(θ)."""
+    log_lik = problem.likelihood.log_prob(model(xb), yb).sum() * (problem.n_train / xb.shape[0])
+    return log_lik + gaussian_log_prior(model, prior_std)

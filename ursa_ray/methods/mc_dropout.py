@@ -1,0 +1,51 @@
+"""MC dropout (Gal & Ghahramani 2016): train with dropout, keep it on at test time, S stochastic passes.
+
+Each posterior sample is one pass with fresh Bernoulli(1 − p) masks; p(y|x) ≈ (1/S) Σ_s softmax f(x; θ ⊙ m_s).
+The network's ``nn.Dropout`` modules (every model of ursa-ray has them, with p = 0 unless a method
+sets it) get rate ``p``; batch-norm layers stay in evaluation mode while sampling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from torch import nn
+
+from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
+from ursa_ray.methods.base import Hyperparameter, Predictor, Problem
+
+
+def set_dropout(model: nn.Module, p: float) -> list[nn.Dropout]:
+    """Set the rate of every dropout module of ``model`` to ``p``; error if the model has none."""
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no dropout layers, so MC dropout cannot apply")
+    for layer in layers:
+        layer.p = p
+    return layers
+
+
+class MCDropout:
+    name = "mc_dropout"
+    description = "MC dropout: dropout at train and test time, one stochastic forward pass per sample"
+    hyperparameters = SGD_HYPERPARAMETERS + (
+        Hyperparameter("p", float, 0.2, "dropout rate", low=0.0, high=0.95),
+        Hyperparameter("n_samples", int, 20, "stochastic forward passes", low=1),
+    )
+
+    def sample_posterior(
+        self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+    ) -> Iterator[Predictor]:
+        model = problem.make_model()
+        dropout_layers = set_dropout(model, config["p"])
+        train_sgd(model, problem, config, stats)
+        model.eval()
+        for layer in dropout_layers:
+            layer.train()
+        for s in range(config["n_samples"]):
+            stats["n_samples"] = s + 1
+            yield model
+
+
+METHODS = (MCDropout(),)

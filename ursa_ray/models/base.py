@@ -1,0 +1,26 @@
+"""A named model: its options and a builder.  Every model contains ``nn.Dropout`` modules (rate 0 unless
+a method such as MC dropout sets it) so that dropout-based methods apply to every architecture."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from ursa_ray.methods.base import Hyperparameter
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """``build(input_shape, n_outputs, **options)`` returns a freshly initialised network.
+
+    Initial weights come from torch's global random number generator, which each trial seeds, so every
+    (trial, call) pair starts from its own initialisation.  ``tasks`` lists the tasks the model fits.
+    """
+
+    name: str
+    description: str
+    build: Callable[..., nn.Module]
+    options: tuple[Hyperparameter, ...] = ()
+    tasks: tuple[str, ...] = ("classification", "regression")
