@@ -25,8 +25,9 @@ class Dataset:
     ``task`` is ``"classification"`` (``n_outputs`` classes, integer labels) or ``"regression"``
     (``n_outputs`` = 1, float targets, ``noise_std`` the known observation noise).  ``test_y`` holds the
     labels, or for regression the noise-free truth.  ``test_info`` carries extra per-test-point columns
-    (regression: ``in_distribution``, the inputs).  ``cost_matrix[true, decision]`` defines the
-    decision task where the dataset has one.
+    (regression: ``in_distribution``).  ``cost_matrix[true, decision]`` defines the decision task where
+    the dataset has one.  ``feature_map`` is the true feature map G of a synthetic regression problem
+    (inputs → n × p features), for the anchor model and for models linear in G.
     """
 
     name: str
@@ -42,23 +43,25 @@ class Dataset:
     noise_std: float | None = None
     cost_matrix: Tensor | None = None
     test_info: dict[str, Tensor] = field(default_factory=dict)
+    feature_map: Callable[[Tensor], Tensor] | None = None
 
 
 @dataclass(frozen=True)
 class DatasetSpec:
     """A named in-domain dataset: its task, the OOD sets it can be paired with, and its loader.
 
-    ``load(options, ood_names, data_root, download)`` returns a :class:`Dataset` whose ``ood`` dict holds
+    ``load(options, ood_names, data_root, download, seed)`` returns a :class:`Dataset` whose ``ood`` dict holds
     the requested OOD sets, normalised with the in-domain statistics.  ``check(data_root, ood_names)``
     raises :class:`DatasetMissing` (naming the dataset, the path looked at and how to get it) when files
     are absent; it is called before any trial starts.  ``options`` are extra settings a grid may give,
-    ``sweep`` names the option a regression grid sweeps as its complexity.
+    ``sweep`` names the option a regression grid sweeps as its complexity.  ``seed`` is the trial's seed:
+    classification splits ignore it (they are fixed); a regression repetition draws its noise from it.
     """
 
     name: str
     task: str
     description: str
-    load: Callable[[Mapping[str, Any], tuple[str, ...], Path, bool], Dataset]
+    load: Callable[[Mapping[str, Any], tuple[str, ...], Path, bool, int], Dataset]
     ood_sets: tuple[str, ...] = ()
     options: tuple[Hyperparameter, ...] = ()
     check: Callable[[Path, tuple[str, ...]], None] | None = None

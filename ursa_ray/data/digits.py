@@ -53,7 +53,13 @@ def _ood(name: str, test_images: np.ndarray) -> np.ndarray:
 
 
 def load_digits_dataset(
-    options: Mapping[str, Any], ood_names: tuple[str, ...], root: Path, download: bool, *, imbalanced: bool = False
+    options: Mapping[str, Any],
+    ood_names: tuple[str, ...],
+    root: Path,
+    download: bool,
+    seed: int,
+    *,
+    imbalanced: bool = False,
 ) -> Dataset:
     x_train, x_test, y_train, y_test = _split()
     mean, std = float(x_train.mean()), float(x_train.std())
@@ -78,8 +84,10 @@ def load_digits_dataset(
     )
 
 
-def _load_imbalanced(options: Mapping[str, Any], ood_names: tuple[str, ...], root: Path, download: bool) -> Dataset:
-    return load_digits_dataset(options, ood_names, root, download, imbalanced=True)
+def _load_imbalanced(
+    options: Mapping[str, Any], ood_names: tuple[str, ...], root: Path, download: bool, seed: int
+) -> Dataset:
+    return load_digits_dataset(options, ood_names, root, download, seed, imbalanced=True)
 
 
 DATASETS = (

@@ -17,6 +17,7 @@ class ModelSpec:
 
     Initial weights come from torch's global random number generator, which each trial seeds, so every
     (trial, call) pair starts from its own initialisation.  ``tasks`` lists the tasks the model fits.
+    A model with ``needs_feature_map`` is built with ``feature_map=dataset.feature_map`` as well.
     """
 
     name: str
@@ -24,3 +25,4 @@ class ModelSpec:
     build: Callable[..., nn.Module]
     options: tuple[Hyperparameter, ...] = ()
     tasks: tuple[str, ...] = ("classification", "regression")
+    needs_feature_map: bool = False
