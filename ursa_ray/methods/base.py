@@ -109,6 +109,12 @@ class Hyperparameter:
         """Return ``value`` coerced to ``kind`` or raise ValueError naming what is allowed."""
         if self.kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        if self.kind is float and isinstance(value, str):
+            # YAML 1.1 reads 1e-3 (no dot) as a string; accept it when it is a number
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f"expected float, got {value!r}") from None
         if self.kind is bool and not isinstance(value, bool):
             raise ValueError(f"expected true or false, got {value!r}")
         if self.kind in (int, float) and (isinstance(value, bool) or not isinstance(value, self.kind)):

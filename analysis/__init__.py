@@ -1,0 +1,1 @@
+"""Analysis of ursa-ray results: reads only the Parquet files of a results directory."""

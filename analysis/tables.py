@@ -1,0 +1,59 @@
+"""Loading a results directory and formatting tables as markdown."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+
+@dataclass
+class Results:
+    trials: pd.DataFrame
+    metrics: pd.DataFrame
+    points: pd.DataFrame
+
+
+def load_results(path: str | Path) -> Results:
+    """The Parquet tables of a results directory (empty frames for the ones a run did not produce)."""
+    path = Path(path)
+    if not (path / "trials.parquet").exists():
+        raise FileNotFoundError(f"{path}: no trials.parquet; is this an ursa-ray results directory?")
+
+    def read(name: str) -> pd.DataFrame:
+        file = path / f"{name}.parquet"
+        return pd.read_parquet(file) if file.exists() else pd.DataFrame()
+
+    return Results(read("trials"), read("metrics"), read("points"))
+
+
+def format_number(value: object, digits: int = 3) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 10 ** -digits):
+            return f"{value:.{digits - 1}e}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(frame: pd.DataFrame, digits: int = 3, index: bool = True) -> str:
+    """A GitHub-flavoured markdown table of ``frame`` (floats rounded to ``digits``)."""
+    table = frame.reset_index() if index else frame
+    header = [str(c) for c in table.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in table.itertuples(index=False):
+        lines.append("| " + " | ".join(format_number(v, digits) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def mean_pm_std(frame: pd.DataFrame, by: list[str], value: str = "value", digits: int = 3) -> pd.DataFrame:
+    """Mean ± standard deviation (over the rows of each group, e.g. seeds) as text."""
+    grouped = frame.groupby(by, dropna=False)[value].agg(["mean", "std", "count"])
+    text = grouped.apply(
+        lambda r: f"{format_number(r['mean'], digits)} ± {format_number(0.0 if math.isnan(r['std']) else r['std'], digits)}",
+        axis=1,
+    )
+    return text.rename("mean ± std").to_frame()

@@ -1,0 +1,213 @@
+"""URSABench metrics: hand-computed cases and agreement with scikit-learn."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score
+
+from ursa_ray.evaluation import (
+    ClassificationPredictive,
+    RegressionPredictive,
+    accuracy,
+    brier,
+    classification_metrics,
+    decision_cost,
+    expected_calibration_error,
+    misclassification_detection,
+    nll,
+    ood_detection,
+    ood_metrics,
+    regression_metrics,
+)
+
+PROBS = np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]])
+LABELS = np.array([0, 2])
+
+
+def _random_case(n: int = 200, k: int = 5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(n, k)) * 2
+    probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    return probs, rng.integers(0, k, size=n)
+
+
+def _row(confidence: float, k: int = 10) -> list[float]:
+    """Probabilities over k classes with class 0 at ``confidence`` and the rest shared equally."""
+    return [confidence] + [(1 - confidence) / (k - 1)] * (k - 1)
+
+
+def test_accuracy_hand_case_and_sklearn() -> None:
+    probs = np.array([[0.6, 0.4], [0.3, 0.7], [0.8, 0.2], [0.45, 0.55]])
+    labels = np.array([0, 0, 0, 1])  # predictions 0, 1, 0, 1: three right
+    assert accuracy(probs, labels) == 0.75
+    probs, labels = _random_case()
+    assert accuracy(probs, labels) == pytest.approx(accuracy_score(labels, probs.argmax(1)), abs=1e-15)
+
+
+def test_nll_hand_case_smoothed_and_plain() -> None:
+    # plain: -(ln 0.7 + ln 0.3) / 2 = 0.780324; smoothed: p' = 0.9999 p + 1e-4 / 3
+    assert nll(PROBS, LABELS, smoothing=0.0) == pytest.approx(0.780324, abs=1e-6)
+    assert nll(PROBS, LABELS) == pytest.approx(0.7803445, abs=1e-7)
+
+
+def test_nll_plain_matches_sklearn_log_loss() -> None:
+    probs, labels = _random_case()
+    assert nll(probs, labels, smoothing=0.0) == pytest.approx(
+        log_loss(labels, probs, labels=range(5)), rel=1e-12
+    )
+
+
+def test_nll_smoothing_keeps_zero_probability_finite() -> None:
+    probs = np.array([[1.0, 0.0]])
+    assert nll(probs, np.array([1]), smoothing=0.0) == math.inf
+    assert nll(probs, np.array([1])) == pytest.approx(-math.log(1e-4 / 2), rel=1e-12)
+
+
+def test_brier_hand_case_and_direct_sum() -> None:
+    # (0.3² + 0.2² + 0.1²) = 0.14 and (0.1² + 0.6² + 0.7²) = 0.86; mean 0.5
+    assert brier(PROBS, LABELS) == pytest.approx(0.5, abs=1e-12)
+    probs, labels = _random_case(seed=1)
+    direct = sum(
+        sum((probs[i, k] - (labels[i] == k)) ** 2 for k in range(5)) for i in range(len(labels))
+    ) / len(labels)
+    assert brier(probs, labels) == pytest.approx(direct, rel=1e-12)
+
+
+def test_ece_bin_edges_are_closed_above() -> None:
+    # 15 bins.  Confidence 0.2 (= 3/15) belongs to (0.1333, 0.2], not to (0.2, 0.2667] with 0.25;
+    # 0.6 (= 9/15) to (0.5333, 0.6], not with 0.62; 1.0 to the last bin.
+    probs = np.array([_row(0.2), _row(0.25), _row(0.6), _row(0.62), _row(1.0)])
+    labels = np.array([0, 1, 1, 0, 0])  # right, wrong, wrong, right, right
+    # separate bins: |1 - 0.2| + |0 - 0.25| + |0 - 0.6| + |1 - 0.62| + |1 - 1| = 2.03, over n = 5
+    assert expected_calibration_error(probs, labels) == pytest.approx(0.406, abs=1e-12)
+    # had the edges been open above: |1 - 0.45| + |1 - 1.22| + 0 = 0.77 -> 0.154
+    # one bin: |3 - 2.67| / 5 = 0.066
+    assert expected_calibration_error(probs, labels, n_bins=1) == pytest.approx(0.066, abs=1e-12)
+
+
+def test_ece_matches_loop_over_bins() -> None:
+    probs, labels = _random_case(n=500, seed=2)
+    confidence, correct = probs.max(1), probs.argmax(1) == labels
+    expected = 0.0
+    for b in range(15):
+        in_bin = (confidence > b / 15) & (confidence <= (b + 1) / 15)
+        if in_bin.any():
+            expected += in_bin.mean() * abs(correct[in_bin].mean() - confidence[in_bin].mean())
+    assert expected_calibration_error(probs, labels) == pytest.approx(expected, rel=1e-12)
+
+
+def test_ece_zero_when_calibrated_within_each_bin() -> None:
+    # confidence 0.75 in one bin, three of four right
+    probs = np.array([[0.75, 0.25]] * 4)
+    assert expected_calibration_error(probs, np.array([0, 0, 0, 1])) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_misclassification_detection_hand_case() -> None:
+    probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4]])
+    labels = np.array([0, 1, 1, 1])  # errors: examples 1 and 3
+    mi = np.array([0.1, 0.4, 0.2, 0.3])
+    out = misclassification_detection(probs, labels, mi)
+    # -maxprob: errors (-0.8, -0.6) vs right (-0.9, -0.7): 3 of 4 pairs ordered -> AUROC 0.75.
+    # Ranked: -0.6 (err), -0.7, -0.8 (err), -0.9 -> AP = 0.5 * 1 + 0.5 * 2/3 = 0.833333.
+    assert out["misclass_auroc_maxprob"] == pytest.approx(0.75, abs=1e-12)
+    assert out["misclass_aupr_maxprob"] == pytest.approx(0.833333, abs=1e-6)
+    # with two classes the entropy ranks exactly as -maxprob
+    assert out["misclass_auroc_entropy"] == pytest.approx(0.75, abs=1e-12)
+    assert out["misclass_aupr_entropy"] == pytest.approx(0.833333, abs=1e-6)
+    # MI puts both errors (0.4, 0.3) above both right answers (0.1, 0.2)
+    assert out["misclass_auroc_mi"] == 1.0
+    assert out["misclass_aupr_mi"] == 1.0
+
+
+def test_misclassification_detection_matches_sklearn() -> None:
+    probs, labels = _random_case(n=300, seed=3)
+    mi = np.random.default_rng(4).uniform(size=300)
+    errors = probs.argmax(1) != labels
+    entropy = -(probs * np.log(probs)).sum(1)
+    out = misclassification_detection(probs, labels, mi)
+    for name, score in (("maxprob", -probs.max(1)), ("entropy", entropy), ("mi", mi)):
+        assert out[f"misclass_auroc_{name}"] == pytest.approx(roc_auc_score(errors, score), abs=1e-12)
+        assert out[f"misclass_aupr_{name}"] == pytest.approx(average_precision_score(errors, score), abs=1e-12)
+
+
+@pytest.mark.parametrize("labels", [np.array([0, 1, 0]), np.array([1, 0, 1])])
+def test_misclassification_detection_undefined_gives_nan(labels: np.ndarray) -> None:
+    probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3]])  # predictions 0, 1, 0
+    out = misclassification_detection(probs, labels, np.zeros(3))
+    assert len(out) == 6 and all(math.isnan(v) for v in out.values())
+
+
+def test_ood_detection_hand_case_and_sklearn() -> None:
+    # entropy: OOD (0.4, 0.9) vs in (0.1, 0.5): 3 of 4 pairs ordered; MI fully separated
+    out = ood_detection(np.array([0.1, 0.5]), np.array([0.0, 0.1]), np.array([0.4, 0.9]), np.array([0.2, 0.3]))
+    assert out == {"ood_auroc_entropy": 0.75, "ood_auroc_mi": 1.0}
+    rng = np.random.default_rng(5)
+    in_h, in_mi, ood_h, ood_mi = rng.uniform(size=40), rng.uniform(size=40), rng.uniform(size=30), rng.uniform(size=30)
+    out = ood_detection(in_h, in_mi, ood_h, ood_mi)
+    is_ood = np.r_[np.zeros(40), np.ones(30)]
+    assert out["ood_auroc_entropy"] == pytest.approx(roc_auc_score(is_ood, np.r_[in_h, ood_h]), abs=1e-12)
+    assert out["ood_auroc_mi"] == pytest.approx(roc_auc_score(is_ood, np.r_[in_mi, ood_mi]), abs=1e-12)
+
+
+def test_decision_cost_bayes_decision_differs_from_argmax() -> None:
+    cost = np.array([[0.0, 1.0], [10.0, 0.0]])  # deciding 0 when the truth is 1 costs 10
+    probs = np.array([[0.8, 0.2], [0.95, 0.05], [0.3, 0.7]])
+    labels = np.array([0, 1, 1])
+    # expected costs (d=0, d=1): (2.0, 0.8) -> 1; (0.5, 0.95) -> 0; (7.0, 0.3) -> 1
+    # incurred: C[0,1] = 1, C[1,0] = 10, C[1,1] = 0 -> mean 11/3 (argmax decisions would give 10/3)
+    assert decision_cost(probs, labels, cost) == pytest.approx(11 / 3, abs=1e-12)
+
+
+def test_classification_metrics_assembles_every_metric() -> None:
+    gen = torch.Generator().manual_seed(6)
+    pred = ClassificationPredictive(60, 4)
+    for _ in range(5):
+        pred.update(torch.randn(60, 4, generator=gen) * 2)
+    labels = torch.randint(0, 4, (60,), generator=gen)  # a tensor is accepted as labels
+    cost = np.full((4, 4), 0.1) - 0.1 * np.eye(4)
+    out = classification_metrics(pred, labels, cost)
+    probs, y = pred.mean_probs, labels.numpy()
+    assert set(out) == {
+        "accuracy", "nll", "brier", "ece", "decision_cost", "mean_entropy", "mean_mi",
+        *misclassification_detection(probs, y, pred.mutual_information),
+    }
+    assert out["accuracy"] == accuracy(probs, y)
+    assert out["nll"] == nll(probs, y)
+    assert out["brier"] == brier(probs, y)
+    assert out["ece"] == expected_calibration_error(probs, y)
+    assert out["decision_cost"] == decision_cost(probs, y, cost)
+    assert out["mean_entropy"] == pytest.approx(pred.total_entropy.mean(), abs=1e-15)
+    assert out["mean_mi"] == pytest.approx(pred.mutual_information.mean(), abs=1e-15)
+    assert out["mean_mi"] > 0
+    assert all(isinstance(v, float) for v in out.values())
+    assert "decision_cost" not in classification_metrics(pred, labels)
+
+
+def test_ood_metrics_uses_total_entropy_and_mi() -> None:
+    gen = torch.Generator().manual_seed(7)
+    in_pred, ood_pred = ClassificationPredictive(30, 3), ClassificationPredictive(20, 3)
+    for _ in range(3):
+        in_pred.update(torch.randn(30, 3, generator=gen) * 4)
+        ood_pred.update(torch.randn(20, 3, generator=gen) * 0.5)
+    expected = ood_detection(
+        in_pred.total_entropy, in_pred.mutual_information, ood_pred.total_entropy, ood_pred.mutual_information
+    )
+    assert ood_metrics(in_pred, ood_pred) == expected
+    assert expected["ood_auroc_entropy"] > 0.8  # flat logits are the more uncertain
+
+
+def test_regression_metrics_hand_case() -> None:
+    # two samples mean ± std: means (1, 2, 3), stds (0.5, 0.1, 1.0); truth (1.9, 2.0, 4.98)
+    pred = RegressionPredictive(3)
+    pred.update(torch.tensor([0.5, 1.9, 2.0], dtype=torch.float64))
+    pred.update(torch.tensor([1.5, 2.1, 4.0], dtype=torch.float64))
+    out = regression_metrics(pred, np.array([1.9, 2.0, 4.98]))
+    # errors 0.9 <= 0.98, 0 <= 0.196, 1.98 > 1.96 (a 2-std band would cover it): coverage 2/3;
+    # rmse sqrt((0.81 + 1.98²) / 3) = 1.255707
+    assert out["rmse"] == pytest.approx(1.255707, abs=1e-6)
+    assert out["mean_std"] == pytest.approx(1.6 / 3, abs=1e-12)
+    assert out["coverage_95"] == pytest.approx(2 / 3, abs=1e-12)

@@ -1,0 +1,132 @@
+"""The ``ursa-ray`` command: run, validate, report, and list methods, models and datasets.
+
+Exit status: 0 success; 1 some trials failed; 2 a bad grid (nothing was run or written); 130 interrupted
+(rerun the same command to resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ursa_ray.grid import GridError, check_data, load_grid
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    grid = load_grid(args.grid)
+    check_data(grid)
+    specs = grid.trial_specs()
+    cells = len(grid.cells())
+    search = ""
+    if grid.search is not None:
+        searched = sum(1 for m in grid.methods if m.search_space)
+        search = f"; search phase: {grid.search.algorithm}, up to {grid.search.n_trials} trials per cell for {searched} method(s)"
+    print(
+        f"{args.grid}: valid: {len(grid.methods)} methods x {len(grid.models)} models x {len(grid.datasets)} datasets "
+        f"-> {cells} cells x {len(grid.seeds)} seeds = {len(specs)} final trials{search}"
+    )
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    grid = load_grid(args.grid)
+    check_data(grid)
+    grid.trial_specs()  # every hyperparameter resolves before anything starts
+    out = Path(args.out or Path("results") / grid.name)
+    from ursa_ray.tune.runner import run_grid
+
+    summary = run_grid(grid, out, address=args.address)
+    print(
+        f"done: {len(summary.finished)} ok, {len(summary.failed)} failed, {len(summary.early_stopped)} early-stopped, "
+        f"{summary.skipped} already finished; results in {out.resolve()}"
+    )
+    if summary.incomplete > 0:
+        print(
+            f"interrupted: {summary.incomplete} trial(s) did not finish; run the same command again to resume",
+            file=sys.stderr,
+        )
+        return 130
+    if summary.failed:
+        print(f"{len(summary.failed)} trial(s) failed:", file=sys.stderr)
+        for trial_id, error in summary.failed:
+            print(f"  {trial_id}: {error}", file=sys.stderr)
+        return 1
+    print(f"next: ursa-ray report {out}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from analysis.report import write_report
+
+    text = write_report(Path(args.results), cost=args.cost)
+    print(text)
+    return 0
+
+
+def _cmd_methods(args: argparse.Namespace) -> int:
+    from ursa_ray.methods import registry
+
+    for name, method in registry().items():
+        print(f"{name}: {method.description}")
+        for h in method.hyperparameters:
+            print(f"    {h.describe()}")
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from ursa_ray.models import registry
+
+    for name, spec in registry().items():
+        print(f"{name} ({', '.join(spec.tasks)}): {spec.description}")
+        for h in spec.options:
+            print(f"    {h.describe()}")
+    return 0
+
+
+def _cmd_datasets(args: argparse.Namespace) -> int:
+    from ursa_ray.data import registry
+
+    for name, spec in registry().items():
+        ood = f"; OOD sets: {', '.join(spec.ood_sets)}" if spec.ood_sets else ""
+        print(f"{name} ({spec.task}): {spec.description}{ood}")
+        for h in spec.options:
+            print(f"    {h.describe()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ursa-ray", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a grid on Ray Tune (resumes an earlier run in the same --out)")
+    run.add_argument("grid", help="grid YAML file, e.g. grids/quickstart.yaml")
+    run.add_argument("--out", help="results directory (default results/<grid name>)")
+    run.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    run.set_defaults(func=_cmd_run)
+    validate = sub.add_parser("validate", help="check a grid without running anything")
+    validate.add_argument("grid")
+    validate.set_defaults(func=_cmd_validate)
+    report = sub.add_parser("report", help="print the composite table and write DIR/report.md")
+    report.add_argument("results", help="results directory")
+    report.add_argument("--cost", action="store_true", help="print the search + inference cost report too")
+    report.set_defaults(func=_cmd_report)
+    for name, func, text in (
+        ("methods", _cmd_methods, "list inference methods and their hyperparameters"),
+        ("models", _cmd_models, "list models and their options"),
+        ("datasets", _cmd_datasets, "list datasets and their OOD sets"),
+    ):
+        sub.add_parser(name, help=text).set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except GridError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

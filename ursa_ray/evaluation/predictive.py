@@ -1,0 +1,138 @@
+"""Online accumulation of the posterior predictive, one posterior sample at a time.
+
+Each accumulator holds a fixed set of float64 running sums whose size depends only on the number of
+examples (and classes), never on the number of samples S, so a method may stream as many samples as it
+likes.  Every property returns a fresh ``numpy.ndarray`` of dtype float64 on the CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+class ClassificationPredictive:
+    """Running posterior predictive of a K-class classifier on n fixed examples.
+
+    With per-sample class probabilities p_s = softmax(logits_s), s = 1..S:
+
+    * ``mean_probs``        p̄ = (1/S) Σ_s p_s                                (n×K)
+    * ``total_entropy``     H[p̄] = −Σ_k p̄_k log p̄_k                          (n)
+    * ``expected_entropy``  (1/S) Σ_s H[p_s], H[p_s] = −Σ_k p_sk log p_sk      (n)
+    * ``mutual_information`` max(H[p̄] − (1/S) Σ_s H[p_s], 0)  (knowledge / epistemic uncertainty)
+
+    Entropies use natural logarithms.  H[p_s] is computed from ``log_softmax`` so that large logits do
+    not overflow; 0·log 0 is taken as 0.
+    """
+
+    def __init__(self, n_examples: int, n_classes: int, device: torch.device | str = "cpu") -> None:
+        if n_examples < 1 or n_classes < 2:
+            raise ValueError(f"need n_examples >= 1 and n_classes >= 2, got {n_examples}, {n_classes}")
+        self.n_examples = n_examples
+        self.n_classes = n_classes
+        self.device = torch.device(device)
+        self._n_samples = 0
+        self._prob_sum = torch.zeros(n_examples, n_classes, dtype=torch.float64, device=self.device)
+        self._entropy_sum = torch.zeros(n_examples, dtype=torch.float64, device=self.device)
+
+    def update(self, logits: Tensor) -> None:
+        """Add one posterior sample's logits (n×K, any floating dtype) to the running sums."""
+        if logits.shape != (self.n_examples, self.n_classes):
+            raise ValueError(
+                f"expected logits of shape {(self.n_examples, self.n_classes)}, got {tuple(logits.shape)}"
+            )
+        with torch.no_grad():
+            log_p = torch.log_softmax(logits.detach().to(self.device, torch.float64), dim=-1)
+            p = log_p.exp()
+            # exp(-inf) = 0 and 0 * finite = 0: clamping makes 0·log 0 = 0 instead of NaN.
+            self._entropy_sum -= (p * log_p.clamp_min(torch.finfo(torch.float64).min)).sum(dim=-1)
+            self._prob_sum += p
+        self._n_samples += 1
+
+    @property
+    def n_samples(self) -> int:
+        """Number of posterior samples accumulated so far (S)."""
+        return self._n_samples
+
+    def _require_samples(self) -> None:
+        if self._n_samples == 0:
+            raise RuntimeError("no posterior samples accumulated yet")
+
+    @property
+    def mean_probs(self) -> np.ndarray:
+        """p̄ = (1/S) Σ_s softmax(logits_s), shape n×K, float64."""
+        self._require_samples()
+        return (self._prob_sum / self._n_samples).cpu().numpy()
+
+    @property
+    def total_entropy(self) -> np.ndarray:
+        """H[p̄] = −Σ_k p̄_k log p̄_k per example, shape n, float64."""
+        self._require_samples()
+        return torch.special.entr(self._prob_sum / self._n_samples).sum(dim=-1).cpu().numpy()
+
+    @property
+    def expected_entropy(self) -> np.ndarray:
+        """(1/S) Σ_s H[p_s] per example, shape n, float64."""
+        self._require_samples()
+        return (self._entropy_sum / self._n_samples).cpu().numpy()
+
+    @property
+    def mutual_information(self) -> np.ndarray:
+        """max(H[p̄] − (1/S) Σ_s H[p_s], 0) per example, shape n, float64.
+
+        Non-negative in exact arithmetic (entropy is concave); the clip removes rounding noise.
+        """
+        return np.clip(self.total_entropy - self.expected_entropy, 0.0, None)
+
+
+class RegressionPredictive:
+    """Running mean and spread of per-sample predicted means f_s(x) on n fixed examples (Welford).
+
+    After S samples, with δ = f_S − mean_{S−1}:
+    ``mean_S = mean_{S−1} + δ / S`` and ``M2_S = M2_{S−1} + δ (f_S − mean_S)``;
+    ``mean`` = mean_S and ``std`` = √(M2_S / S), the population (divide-by-S) standard deviation across
+    samples, i.e. the epistemic spread (0 when S = 1).
+    """
+
+    def __init__(self, n_examples: int, device: torch.device | str = "cpu") -> None:
+        if n_examples < 1:
+            raise ValueError(f"need n_examples >= 1, got {n_examples}")
+        self.n_examples = n_examples
+        self.device = torch.device(device)
+        self._n_samples = 0
+        self._mean = torch.zeros(n_examples, dtype=torch.float64, device=self.device)
+        self._m2 = torch.zeros(n_examples, dtype=torch.float64, device=self.device)
+
+    def update(self, outputs: Tensor) -> None:
+        """Add one posterior sample's predicted means, shape (n,) or (n, 1)."""
+        if outputs.shape not in ((self.n_examples,), (self.n_examples, 1)):
+            raise ValueError(f"expected outputs of shape ({self.n_examples},) or ({self.n_examples}, 1), "
+                             f"got {tuple(outputs.shape)}")
+        with torch.no_grad():
+            f = outputs.detach().reshape(-1).to(self.device, torch.float64)
+            self._n_samples += 1
+            delta = f - self._mean
+            self._mean += delta / self._n_samples
+            self._m2 += delta * (f - self._mean)
+
+    @property
+    def n_samples(self) -> int:
+        """Number of posterior samples accumulated so far (S)."""
+        return self._n_samples
+
+    def _require_samples(self) -> None:
+        if self._n_samples == 0:
+            raise RuntimeError("no posterior samples accumulated yet")
+
+    @property
+    def mean(self) -> np.ndarray:
+        """(1/S) Σ_s f_s per example, shape n, float64."""
+        self._require_samples()
+        return self._mean.cpu().numpy().copy()
+
+    @property
+    def std(self) -> np.ndarray:
+        """√((1/S) Σ_s (f_s − mean)²) per example, shape n, float64."""
+        self._require_samples()
+        return torch.sqrt(self._m2.clamp_min(0.0) / self._n_samples).cpu().numpy()

@@ -1,0 +1,416 @@
+"""Grid files: parse with yaml.safe_load, validate everything up front, expand into trial specs.
+
+A grid names methods, models, datasets and seeds; every (method, model, dataset[, complexity], seed) is one
+final-phase trial.  Validation rejects a bad grid before any trial starts with a one-line
+:class:`GridError` naming the file, the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ursa_ray import data, methods, models
+from ursa_ray.methods.base import BUDGET_KEYS, Hyperparameter, resolve_config
+from ursa_ray.search_space import SEARCH_KEYS, SearchSettings, parse_search_settings, parse_search_space
+
+TOP_KEYS = {
+    "name": "a name for the grid (string)",
+    "description": "free text",
+    "methods": "a non-empty list of methods",
+    "models": "a non-empty list of models",
+    "datasets": "a non-empty list of datasets",
+    "seeds": "an integer n (seeds 0..n-1) or a non-empty list of non-negative integers",
+    "resources": "per-trial resources {cpu, gpu, custom}",
+    "budget": f"defaults for {list(BUDGET_KEYS)}",
+    "save_predictions": "true or false",
+    "data_root": "a directory (URSA_DATA overrides it)",
+    "download": "true or false: let torchvision download missing data (needs internet)",
+    "max_concurrent_trials": "a positive integer",
+    "max_failures": "retries of a trial whose worker died (non-negative integer)",
+    "search": f"the hyperparameter search phase {sorted(SEARCH_KEYS)}",
+}
+REQUIRED = ("name", "methods", "models", "datasets", "seeds")
+METHOD_KEYS = ("name", "label", "models", "hyperparameters", "search")
+MODEL_KEYS = ("name", "options")
+DATASET_KEYS = ("name", "ood", "complexity", "options")
+RESOURCE_KEYS = ("cpu", "gpu", "custom")
+
+
+class GridError(ValueError):
+    """A grid that cannot run; the message is one line naming the file, the field and what is allowed."""
+
+
+@dataclass(frozen=True)
+class MethodEntry:
+    name: str
+    label: str
+    models: tuple[str, ...] | None
+    hyperparameters: dict[str, Any]
+    search_space: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    name: str
+    task: str
+    ood: tuple[str, ...]
+    complexity: tuple[float, ...] | None
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A validated grid."""
+
+    path: str
+    name: str
+    description: str
+    methods: tuple[MethodEntry, ...]
+    models: tuple[ModelEntry, ...]
+    datasets: tuple[DatasetEntry, ...]
+    seeds: tuple[int, ...]
+    resources: dict[str, Any]
+    budget: dict[str, int]
+    save_predictions: bool
+    data_root: str | None
+    download: bool
+    max_concurrent_trials: int | None
+    max_failures: int
+    search: SearchSettings | None
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    def cells(self) -> list[dict[str, Any]]:
+        """(method, model, dataset, complexity) combinations, each a dict ready for trial specs."""
+        out = []
+        for m in self.methods:
+            for mo in self.models:
+                if m.models is not None and mo.name not in m.models:
+                    continue
+                for d in self.datasets:
+                    for c in d.complexity or (None,):
+                        options = dict(d.options)
+                        if c is not None:
+                            options[data.get_dataset(d.name).sweep] = c
+                        out.append({"method": m, "model": mo, "dataset": d, "complexity": c, "dataset_options": options})
+        return out
+
+    def trial_specs(self, phase: str = "final", overrides: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Every final-phase trial of the grid as a JSON-able spec.
+
+        ``overrides`` maps a cell key (see :func:`cell_key`) to the hyperparameters found by the search
+        phase; they replace the grid's fixed values for that cell.
+        """
+        specs = []
+        for cell in self.cells():
+            key = cell_key(cell)
+            extra = (overrides or {}).get(key, {})
+            for seed in self.seeds:
+                specs.append(self.spec_for(cell, seed, phase, extra))
+        return specs
+
+    def spec_for(self, cell: dict[str, Any], seed: int, phase: str, extra: dict[str, Any]) -> dict[str, Any]:
+        m: MethodEntry = cell["method"]
+        method = methods.get_method(m.name)
+        budget = {k: v for k, v in self.budget.items() if k in {h.name for h in method.hyperparameters}}
+        config = resolve_config(method, {**budget, **m.hyperparameters, **extra})
+        spec = {
+            "phase": phase,
+            "method": m.name,
+            "label": m.label,
+            "model": cell["model"].name,
+            "model_options": cell["model"].options,
+            "dataset": cell["dataset"].name,
+            "task": cell["dataset"].task,
+            "dataset_options": cell["dataset_options"],
+            "complexity": cell["complexity"],
+            "ood": list(cell["dataset"].ood),
+            "seed": int(seed),
+            "config": config,
+            "save_predictions": self.save_predictions,
+            "data_root": self.data_root,
+            "download": self.download,
+            "resources": self.resources,
+            "cell": cell_key(cell),
+        }
+        if phase == "search" and self.search is not None:
+            spec["validation_fraction"] = self.search.validation_fraction
+        spec["trial_id"] = trial_id(spec)
+        return spec
+
+
+def cell_key(cell: dict[str, Any]) -> str:
+    """A readable, unique name of a (method label, model, dataset, complexity) cell."""
+    parts = [cell["method"].label, cell["model"].name, cell["dataset"].name]
+    if cell["complexity"] is not None:
+        parts.append(f"c{cell['complexity']:g}")
+    return "/".join(parts)
+
+
+def trial_id(spec: dict[str, Any]) -> str:
+    """Deterministic id: the same trial in a rerun of the same grid gets the same id (this makes resume work)."""
+    identity = {k: spec[k] for k in ("phase", "method", "model", "model_options", "dataset", "dataset_options", "ood", "seed", "config")}
+    digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{spec['phase']}-{spec['cell'].replace('/', '-')}-s{spec['seed']}-{digest}"
+
+
+def _fail(path: str, where: str, message: str) -> GridError:
+    return GridError(f"{path}: {where}: {message}")
+
+
+def _check_options(path: str, where: str, declared: tuple[Hyperparameter, ...], given: Any) -> dict[str, Any]:
+    if given is None:
+        return {}
+    if not isinstance(given, dict):
+        raise _fail(path, where, f"expected a mapping, got {type(given).__name__}")
+    table = {h.name: h for h in declared}
+    out = {}
+    for name, value in given.items():
+        if name not in table:
+            allowed = ", ".join(table) or "none"
+            raise _fail(path, f"{where}.{name}", f"unknown option; allowed: {allowed}")
+        try:
+            out[name] = table[name].check(value)
+        except ValueError as exc:
+            raise _fail(path, f"{where}.{name}", str(exc)) from None
+    return out
+
+
+def _entries(path: str, raw: dict[str, Any], key: str, allowed_keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    value = raw[key]
+    if not isinstance(value, list) or not value:
+        raise _fail(path, key, f"expected {TOP_KEYS[key]}, got {value!r}")
+    out = []
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            item = {"name": item}
+        if not isinstance(item, dict):
+            raise _fail(path, f"{key}[{i}]", f"expected a name or a mapping with keys {list(allowed_keys)}")
+        for k in item:
+            if k not in allowed_keys:
+                raise _fail(path, f"{key}[{i}].{k}", f"unknown key; allowed: {', '.join(allowed_keys)}")
+        if not isinstance(item.get("name"), str):
+            raise _fail(path, f"{key}[{i}].name", "required, a string")
+        out.append(item)
+    return out
+
+
+def _positive_number(path: str, where: str, value: Any, allow_zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(path, where, f"expected a number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise _fail(path, where, f"expected a number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return value
+
+
+def _int(path: str, where: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _fail(path, where, f"expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _bool(path: str, where: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(path, where, f"expected true or false, got {value!r}")
+    return value
+
+
+def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
+    """Validate a grid (the result of yaml.safe_load) and return it; GridError on the first problem."""
+    if not isinstance(raw, dict):
+        raise _fail(path, "top level", f"expected a mapping with keys {sorted(TOP_KEYS)}")
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise _fail(path, str(key), f"unknown key; allowed: {', '.join(TOP_KEYS)}")
+    for key in REQUIRED:
+        if key not in raw:
+            raise _fail(path, key, f"required: {TOP_KEYS[key]}")
+    if not isinstance(raw["name"], str) or not raw["name"]:
+        raise _fail(path, "name", "expected a non-empty string")
+
+    known_models = models.registry()
+    model_entries = []
+    for i, item in enumerate(_entries(path, raw, "models", MODEL_KEYS)):
+        if item["name"] not in known_models:
+            raise _fail(path, f"models[{i}].name", f"unknown model {item['name']!r}; allowed: {', '.join(known_models)}")
+        spec = known_models[item["name"]]
+        options = _check_options(path, f"models[{i}].options", spec.options, item.get("options"))
+        model_entries.append(ModelEntry(item["name"], options))
+    if len({m.name for m in model_entries}) != len(model_entries):
+        raise _fail(path, "models", "each model may appear once")
+
+    known_datasets = data.registry()
+    dataset_entries = []
+    for i, item in enumerate(_entries(path, raw, "datasets", DATASET_KEYS)):
+        where = f"datasets[{i}]"
+        if item["name"] not in known_datasets:
+            raise _fail(path, f"{where}.name", f"unknown dataset {item['name']!r}; allowed: {', '.join(known_datasets)}")
+        spec = known_datasets[item["name"]]
+        ood = item.get("ood", [])
+        if not isinstance(ood, list) or not all(isinstance(o, str) for o in ood):
+            raise _fail(path, f"{where}.ood", "expected a list of OOD dataset names")
+        for o in ood:
+            if o not in spec.ood_sets:
+                raise _fail(path, f"{where}.ood", f"unknown OOD set {o!r} for {spec.name}; allowed: {', '.join(spec.ood_sets) or 'none'}")
+        complexity = item.get("complexity")
+        if complexity is not None:
+            if spec.sweep is None:
+                raise _fail(path, f"{where}.complexity", f"{spec.name} has no complexity to sweep (only synthetic regression sets do)")
+            sweep_param = next(h for h in spec.options if h.name == spec.sweep)
+            if not isinstance(complexity, list) or not complexity:
+                raise _fail(path, f"{where}.complexity", "expected a non-empty list of numbers")
+            checked = []
+            for j, c in enumerate(complexity):
+                try:
+                    checked.append(sweep_param.check(c))
+                except ValueError as exc:
+                    raise _fail(path, f"{where}.complexity[{j}]", str(exc)) from None
+            complexity = tuple(checked)
+        options = _check_options(path, f"{where}.options", spec.options, item.get("options"))
+        dataset_entries.append(DatasetEntry(item["name"], spec.task, tuple(ood), complexity, options))
+
+    budget_raw = raw.get("budget") or {}
+    if not isinstance(budget_raw, dict):
+        raise _fail(path, "budget", f"expected a mapping with keys {list(BUDGET_KEYS)}")
+    budget = {}
+    for key, value in budget_raw.items():
+        if key not in BUDGET_KEYS:
+            raise _fail(path, f"budget.{key}", f"unknown key; allowed: {', '.join(BUDGET_KEYS)}")
+        budget[key] = _int(path, f"budget.{key}", value, 1)
+
+    known_methods = methods.registry()
+    method_entries = []
+    model_names = [m.name for m in model_entries]
+    for i, item in enumerate(_entries(path, raw, "methods", METHOD_KEYS)):
+        where = f"methods[{i}]"
+        if item["name"] not in known_methods:
+            raise _fail(path, f"{where}.name", f"unknown method {item['name']!r}; allowed: {', '.join(known_methods)}")
+        method = known_methods[item["name"]]
+        label = item.get("label", item["name"])
+        if not isinstance(label, str) or not label or "/" in label:
+            raise _fail(path, f"{where}.label", "expected a non-empty string without '/'")
+        only = item.get("models")
+        if only is not None:
+            if not isinstance(only, list) or not only or not all(isinstance(o, str) for o in only):
+                raise _fail(path, f"{where}.models", "expected a non-empty list of model names")
+            for o in only:
+                if o not in model_names:
+                    raise _fail(path, f"{where}.models", f"{o!r} is not among the grid's models: {', '.join(model_names)}")
+            only = tuple(only)
+        hyper = _check_options(path, f"{where}.hyperparameters", method.hyperparameters, item.get("hyperparameters"))
+        space = parse_search_space(path, f"{where}.search", method.hyperparameters, item.get("search"), _fail)
+        method_entries.append(MethodEntry(item["name"], label, only, hyper, space))
+    labels = [m.label for m in method_entries]
+    duplicates = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if duplicates:
+        raise _fail(path, "methods", f"labels must be unique; give each repeated method a label (repeated: {', '.join(duplicates)})")
+
+    seeds_raw = raw["seeds"]
+    if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
+        seeds = tuple(range(_int(path, "seeds", seeds_raw, 1)))
+    elif isinstance(seeds_raw, list) and seeds_raw:
+        seeds = tuple(_int(path, f"seeds[{i}]", s, 0) for i, s in enumerate(seeds_raw))
+        if len(set(seeds)) != len(seeds):
+            raise _fail(path, "seeds", "seeds must be distinct")
+    else:
+        raise _fail(path, "seeds", f"expected {TOP_KEYS['seeds']}, got {seeds_raw!r}")
+
+    resources_raw = raw.get("resources") or {}
+    if not isinstance(resources_raw, dict):
+        raise _fail(path, "resources", f"expected a mapping with keys {list(RESOURCE_KEYS)}")
+    for key in resources_raw:
+        if key not in RESOURCE_KEYS:
+            raise _fail(path, f"resources.{key}", f"unknown key; allowed: {', '.join(RESOURCE_KEYS)}")
+    resources = {
+        "cpu": _positive_number(path, "resources.cpu", resources_raw.get("cpu", 1), allow_zero=False),
+        "gpu": _positive_number(path, "resources.gpu", resources_raw.get("gpu", 0), allow_zero=True),
+        "custom": {},
+    }
+    custom = resources_raw.get("custom") or {}
+    if not isinstance(custom, dict):
+        raise _fail(path, "resources.custom", "expected a mapping of resource name to amount")
+    for key, value in custom.items():
+        resources["custom"][str(key)] = _positive_number(path, f"resources.custom.{key}", value, allow_zero=False)
+
+    for key in ("save_predictions", "download"):
+        if key in raw:
+            _bool(path, key, raw[key])
+    data_root = raw.get("data_root")
+    if data_root is not None and not isinstance(data_root, str):
+        raise _fail(path, "data_root", "expected a directory path (string)")
+    max_concurrent = raw.get("max_concurrent_trials")
+    if max_concurrent is not None:
+        _int(path, "max_concurrent_trials", max_concurrent, 1)
+    max_failures = _int(path, "max_failures", raw.get("max_failures", 0), 0)
+    search = parse_search_settings(path, raw.get("search"), _fail)
+    if search is None and any(m.search_space for m in method_entries):
+        raise _fail(path, "search", "methods declare search spaces but the grid has no search block")
+
+    for m in method_entries:
+        for mo in model_entries:
+            if m.models is not None and mo.name not in m.models:
+                continue
+            spec = known_models[mo.name]
+            for d in dataset_entries:
+                if d.task not in spec.tasks:
+                    raise _fail(path, "models", f"model {mo.name!r} does not fit the {d.task} dataset {d.name!r} (method {m.label}); restrict the method with 'models:'")
+
+    return Grid(
+        path=path,
+        name=raw["name"],
+        description=str(raw.get("description", "")),
+        methods=tuple(method_entries),
+        models=tuple(model_entries),
+        datasets=tuple(dataset_entries),
+        seeds=seeds,
+        resources=resources,
+        budget=budget,
+        save_predictions=bool(raw.get("save_predictions", False)),
+        data_root=data_root,
+        download=bool(raw.get("download", False)),
+        max_concurrent_trials=max_concurrent,
+        max_failures=max_failures,
+        search=search,
+        raw=raw,
+    )
+
+
+def load_grid(path: str | Path) -> Grid:
+    """Read and validate a grid file."""
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise GridError(f"{path}: cannot read the grid file: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "YAML"
+        raise GridError(f"{path}: {where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return parse_grid(raw, path)
+
+
+def check_data(grid: Grid) -> None:
+    """Raise GridError when a dataset's files are missing (before any trial starts)."""
+    root = data.base.data_root(grid.data_root)
+    for i, d in enumerate(grid.datasets):
+        spec = data.get_dataset(d.name)
+        if spec.check is None or grid.download:
+            continue
+        try:
+            spec.check(root, d.ood)
+        except data.base.DatasetMissing as exc:
+            raise GridError(f"{grid.path}: datasets[{i}]: {exc}") from None

@@ -1,0 +1,271 @@
+"""One trial, without Ray: load data onto the device, stream posterior samples, accumulate the posterior
+predictive online on every evaluation set, and return the rows that land in the results directory.
+
+The search phase trains on the training set less a seeded validation split and evaluates on that split
+only (the test set is never loaded into the evaluation); the final phase trains on the whole training set
+and evaluates on the test set and the OOD sets.  Both run this same function, so schedules and budgets
+cannot differ between them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ursa_ray import data, methods, models
+from ursa_ray.evaluation import (
+    ClassificationPredictive,
+    RegressionPredictive,
+    classification_metrics,
+    ood_metrics,
+    regression_metrics,
+)
+from ursa_ray.methods.base import Categorical, Gaussian, Problem
+
+EVAL_BATCH = 2048
+
+
+@dataclass
+class TrialOutcome:
+    """What a trial produces: its ``trials.parquet`` row, long-format metric rows, regression point rows,
+    optional prediction tables by evaluation set, and the validation metrics the search phase selects on."""
+
+    record: dict[str, Any]
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    points: list[dict[str, Any]] = field(default_factory=list)
+    predictions: dict[str, pd.DataFrame] = field(default_factory=dict)
+    selection: dict[str, float] = field(default_factory=dict)
+
+
+def validation_split(n: int, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
+    """Seeded random split of range(n) into (train, validation) indices, ⌈fraction·n⌉ for validation."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(10_000 + seed))
+    n_val = max(1, math.ceil(fraction * n))
+    return order[n_val:], order[:n_val]
+
+
+def _predict(predictor: Any, x: Tensor) -> Tensor:
+    with torch.no_grad():
+        out = torch.cat([predictor(x[i : i + EVAL_BATCH]) for i in range(0, x.shape[0], EVAL_BATCH)])
+    if not torch.isfinite(out).all():
+        raise FloatingPointError("the network produced non-finite outputs")
+    return out
+
+
+def pick_device(n_gpus: float) -> torch.device:
+    """The trial's device: the GPU Ray assigned (visible as cuda:0) when the trial asked for one."""
+    if n_gpus > 0 and torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def run_trial(
+    spec: Mapping[str, Any],
+    device: torch.device | None = None,
+    progress: Callable[[int, dict[str, float], dict[str, float]], None] | None = None,
+) -> TrialOutcome:
+    """Run the trial described by ``spec`` (see :meth:`ursa_ray.grid.Grid.spec_for`).
+
+    ``progress(n_samples, validation_metrics, cost_so_far)`` is called after each posterior sample in the
+    search phase (the running posterior predictive on the validation split), for early stopping."""
+    start_wall, start_cpu = time.perf_counter(), time.process_time()
+    device = device or pick_device(spec["resources"]["gpu"])
+    seed = int(spec["seed"])
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+
+    dataset_spec = data.get_dataset(spec["dataset"])
+    ds = dataset_spec.load(
+        spec["dataset_options"], tuple(spec["ood"]), data.base.data_root(spec["data_root"]), spec["download"], seed
+    )
+    train_x, train_y = ds.train_x, ds.train_y
+    eval_sets: dict[str, tuple[Tensor, Tensor | None]]
+    if spec["phase"] == "search":
+        fit, val = validation_split(len(train_y), spec["validation_fraction"], seed)
+        eval_sets = {"validation": (train_x[val], train_y[val])}
+        train_x, train_y = train_x[fit], train_y[fit]
+    else:
+        eval_sets = {"test": (ds.test_x, ds.test_y)}
+        eval_sets.update({name: (x, None) for name, x in ds.ood.items()})
+    train_x, train_y = train_x.to(device), train_y.to(device)
+    eval_sets = {k: (x.to(device), y) for k, (x, y) in eval_sets.items()}
+
+    model_spec = models.get_model(spec["model"])
+    model_kwargs = dict(spec["model_options"])
+    if model_spec.needs_feature_map:
+        model_kwargs["feature_map"] = ds.feature_map
+
+    def make_model() -> torch.nn.Module:
+        model = model_spec.build(ds.input_shape, ds.n_outputs, **model_kwargs).to(device)
+        if device.type == "cuda" and len(ds.input_shape) == 3:
+            model = model.to(memory_format=torch.channels_last)
+        return model
+
+    with torch.random.fork_rng(devices=[]):
+        n_params = sum(p.numel() for p in make_model().parameters())
+    likelihood = Categorical() if ds.task == "classification" else Gaussian(float(ds.noise_std))
+    problem = Problem(train_x, train_y, likelihood, make_model, generator, device, ds.augment)
+    method = methods.get_method(spec["method"])
+    setup_s = time.perf_counter() - start_wall
+
+    if ds.task == "classification":
+        accumulators = {k: ClassificationPredictive(x.shape[0], ds.n_outputs, device) for k, (x, _) in eval_sets.items()}
+    else:
+        accumulators = {k: RegressionPredictive(x.shape[0], device) for k, (x, _) in eval_sets.items()}
+    stats: dict[str, float] = {}
+    train_s = eval_s = 0.0
+    stream = method.sample_posterior(problem, spec["config"], stats)
+    tick = time.perf_counter()
+    for predictor in stream:
+        train_s += time.perf_counter() - tick
+        tick = time.perf_counter()
+        for name, (x, _) in eval_sets.items():
+            accumulators[name].update(_predict(predictor, x))
+        eval_s += time.perf_counter() - tick
+        if progress is not None and "validation" in eval_sets:
+            running = _evaluate(ds, accumulators["validation"], eval_sets["validation"][1])
+            progress(
+                accumulators["validation"].n_samples,
+                {f"val_{k}": float(v) for k, v in running.items()},
+                {"train_s": train_s, "cpu_s": time.process_time() - start_cpu},
+            )
+        tick = time.perf_counter()
+    train_s += time.perf_counter() - tick
+    n_samples = next(iter(accumulators.values())).n_samples
+    if n_samples == 0:
+        raise RuntimeError(f"method {spec['method']} produced no posterior samples")
+
+    outcome = TrialOutcome(record={})
+    values: dict[str, dict[str, float]] = {}
+    for name, (x, y) in eval_sets.items():
+        if y is not None:
+            values[name] = _evaluate(ds, accumulators[name], y)
+    if spec["phase"] == "final":
+        if ds.task == "classification":
+            for name in ds.ood:
+                values[name] = ood_metrics(accumulators["test"], accumulators[name])
+        else:
+            outcome.points = _points(spec, ds, accumulators["test"])
+    if "validation" in values:
+        outcome.selection = {f"val_{k}": float(v) for k, v in values["validation"].items()}
+
+    n_eval_examples = sum(x.shape[0] for x, _ in eval_sets.values())
+    values["cost"] = {
+        "train_s": train_s,
+        "s_per_sample": train_s / n_samples,
+        "predict_s_per_example": eval_s / n_eval_examples,
+        "n_params": float(n_params),
+        "n_samples": float(n_samples),
+    }
+    base = {
+        "trial_id": spec["trial_id"],
+        "method": spec["label"],
+        "model": spec["model"],
+        "dataset": spec["dataset"],
+        "seed": seed,
+        "phase": spec["phase"],
+    }
+    outcome.metrics = [
+        {**base, "eval_set": eval_set, "metric": metric, "value": float(value)}
+        for eval_set, table in values.items()
+        for metric, value in table.items()
+    ]
+    if spec["save_predictions"] and spec["phase"] == "final" and ds.task == "classification":
+        outcome.predictions = {
+            name: _prediction_table(acc, eval_sets[name][1]) for name, acc in accumulators.items()
+        }
+    outcome.record = {
+        "n_samples": n_samples,
+        "n_params": n_params,
+        "setup_s": setup_s,
+        "train_s": train_s,
+        "eval_s": eval_s,
+        "cpu_s": time.process_time() - start_cpu,
+        "device": str(device),
+        "grad_evals": float(stats.get("grad_evals", math.nan)),
+        "accept_rate": float(stats.get("accept_rate", math.nan)),
+        "method_stats": json.dumps({k: float(v) for k, v in stats.items()}, sort_keys=True),
+    }
+    return outcome
+
+
+def _evaluate(ds: data.base.Dataset, pred: Any, targets: Tensor) -> dict[str, float]:
+    """In-domain metrics of the accumulated posterior predictive against labels (or regression truth)."""
+    if ds.task == "classification":
+        cost = None if ds.cost_matrix is None else ds.cost_matrix.numpy()
+        return classification_metrics(pred, targets.numpy(), cost)
+    values = regression_metrics(pred, targets.numpy())
+    values["nll"] = _gaussian_nll(pred, targets.numpy(), float(ds.noise_std))
+    return values
+
+
+def _gaussian_nll(pred: RegressionPredictive, y: np.ndarray, noise_std: float) -> float:
+    """Mean −log N(y; mean, std² + σ²): the predictive NLL with epistemic and aleatoric variance."""
+    var = pred.std**2 + noise_std**2
+    return float(np.mean(0.5 * np.log(2 * np.pi * var) + 0.5 * (y.reshape(-1) - pred.mean) ** 2 / var))
+
+
+def _points(spec: Mapping[str, Any], ds: data.base.Dataset, pred: RegressionPredictive) -> list[dict[str, Any]]:
+    """Per-test-point rows for the method and for the exact anchor model (method "blr")."""
+    from ursa_ray.regression.anchor import anchor_predictive
+
+    x = ds.test_x.reshape(len(ds.test_x), -1).numpy().astype(float)
+    truth = ds.test_y.numpy().astype(float).reshape(-1)
+    in_dist = ds.test_info["in_distribution"].numpy().astype(bool)
+    rows = []
+    common = {
+        "experiment": spec["dataset"],
+        "complexity": float(spec["complexity"]) if spec["complexity"] is not None else math.nan,
+        "repetition": int(spec["seed"]),
+    }
+    tables = [(spec["trial_id"], spec["label"], pred.mean, pred.std)]
+    if ds.feature_map is not None:
+        anchor_mean, anchor_std = anchor_predictive(
+            ds.feature_map(ds.train_x), ds.train_y, ds.feature_map(ds.test_x), float(ds.noise_std)
+        )
+        anchor_id = f"blr-{spec['dataset']}-c{common['complexity']:g}-s{spec['seed']}"
+        tables.append((anchor_id, "blr", _numpy(anchor_mean), _numpy(anchor_std)))
+    for trial_id, method, mean, std in tables:
+        for i in range(len(truth)):
+            rows.append(
+                {
+                    "trial_id": trial_id,
+                    "method": method,
+                    **common,
+                    "point_id": i,
+                    "x": x[i].tolist(),
+                    "in_distribution": bool(in_dist[i]),
+                    "truth": float(truth[i]),
+                    "mean": float(mean[i]),
+                    "std": float(std[i]),
+                }
+            )
+    return rows
+
+
+def _numpy(values: Any) -> np.ndarray:
+    if isinstance(values, Tensor):
+        return values.detach().cpu().numpy().reshape(-1)
+    return np.asarray(values).reshape(-1)
+
+
+def _prediction_table(pred: ClassificationPredictive, labels: Tensor | None) -> pd.DataFrame:
+    """Posterior-predictive class probabilities with labels (−1 for OOD sets) and the per-sample entropy
+    term (mean over samples of H[p_s]), so that every metric can be recomputed without rerunning."""
+    probs = pred.mean_probs
+    table = pd.DataFrame(probs, columns=[f"p{k}" for k in range(probs.shape[1])])
+    table.insert(0, "label", -1 if labels is None else labels.numpy())
+    table.insert(0, "index", np.arange(len(table)))
+    table["expected_entropy"] = pred.expected_entropy
+    table["n_samples"] = pred.n_samples
+    return table
