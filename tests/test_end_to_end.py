@@ -1,0 +1,179 @@
+"""A tiny grid on Ray Tune, end to end: Parquet contract, failure handling, report, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from ursa_ray.cli import main
+from ursa_ray.grid import parse_grid
+from ursa_ray.results import METRIC_COLUMNS
+from ursa_ray.tune.runner import run_grid
+
+TINY = {
+    "name": "tiny",
+    "methods": [
+        {"name": "sgd", "hyperparameters": {"lr": 0.05}},
+        {"name": "mc_dropout", "hyperparameters": {"p": 0.3}},
+        {"name": "sgd", "label": "sgd_diverging", "hyperparameters": {"lr": 1.0e6, "momentum": 0.99}},
+    ],
+    "models": [{"name": "mlp", "options": {"widths": [32]}}],
+    "datasets": [{"name": "digits", "ood": ["noise", "digits_inverted"]}, "digits_imbalanced"],
+    "seeds": [0, 1],
+    "resources": {"cpu": 1},
+    "budget": {"epochs": 3, "n_samples": 4, "batch_size": 128},
+    "save_predictions": True,
+}
+TRIAL_REQUIRED = [
+    "trial_id", "phase", "method", "model", "dataset", "seed", "status", "error", "config", "wall_s", "cpu_s",
+    "gpu_s", "n_cpus", "n_gpus", "node", "n_samples", "train_s", "n_params",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(ray_session, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    grid_file = out.parent / "tiny.yaml"
+    grid_file.write_text(yaml.safe_dump(TINY))
+    code = main(["run", str(grid_file), "--out", str(out / "results")])
+    return code, out / "results"
+
+
+def test_failing_trials_are_recorded_and_the_rest_completes(tiny_run, capsys):
+    code, results = tiny_run
+    assert code == 1  # some trials failed
+    trials = pd.read_parquet(results / "trials.parquet")
+    assert len(trials) == 3 * 2 * 2
+    failed = trials[trials["status"] == "failed"]
+    assert set(failed["method"]) == {"sgd_diverging"}
+    assert failed["error"].str.contains("FloatingPointError").all()
+    assert (trials.loc[trials["status"] == "ok", "method"].isin(["sgd", "mc_dropout"])).all()
+    assert (trials["status"] == "ok").sum() == 8
+
+
+def test_trials_parquet_contract(tiny_run):
+    _, results = tiny_run
+    trials = pd.read_parquet(results / "trials.parquet")
+    for column in TRIAL_REQUIRED:
+        assert column in trials.columns, column
+    ok = trials[trials["status"] == "ok"]
+    assert (ok["phase"] == "final").all()
+    assert (ok["n_cpus"] == 1).all() and (ok["n_gpus"] == 0).all() and (ok["gpu_s"] == 0).all()
+    assert (ok["wall_s"] > 0).all() and (ok["cpu_s"] > 0).all() and (ok["train_s"] > 0).all()
+    assert (ok["wall_s"] >= ok["train_s"]).all()
+    assert (ok["reserved_cpu_s"] == ok["wall_s"]).all()
+    assert set(ok.loc[ok["method"] == "mc_dropout", "n_samples"]) == {4}
+    assert set(ok.loc[ok["method"] == "sgd", "n_samples"]) == {1}
+    assert set(ok["n_params"]) == {64 * 32 + 32 + 32 * 10 + 10}
+    configs = [json.loads(c) for c in ok["config"]]
+    assert all(c["epochs"] == 3 for c in configs)
+    assert trials["trial_id"].is_unique
+
+
+def test_metrics_parquet_contract(tiny_run):
+    _, results = tiny_run
+    metrics = pd.read_parquet(results / "metrics.parquet")
+    assert list(metrics.columns) == METRIC_COLUMNS
+    ok_ids = set(pd.read_parquet(results / "trials.parquet").query("status == 'ok'")["trial_id"])
+    assert set(metrics["trial_id"]) == ok_ids
+    one = metrics[metrics["trial_id"] == sorted(i for i in ok_ids if "mc_dropout-mlp-digits-" in i)[0]]
+    test = one[one["eval_set"] == "test"].set_index("metric")["value"]
+    for metric in ["accuracy", "nll", "brier", "ece", "misclass_auroc_maxprob", "misclass_aupr_entropy", "misclass_auroc_mi", "decision_cost"]:
+        assert metric in test.index, metric
+    assert 0.5 < test["accuracy"] <= 1.0
+    assert set(one["eval_set"]) == {"test", "noise", "digits_inverted", "cost"}
+    ood = one[one["eval_set"] == "noise"].set_index("metric")["value"]
+    assert set(ood.index) == {"ood_auroc_entropy", "ood_auroc_mi"}
+    cost = one[one["eval_set"] == "cost"].set_index("metric")["value"]
+    assert {"train_s", "s_per_sample", "predict_s_per_example", "n_params"} <= set(cost.index)
+    assert not metrics.duplicated(["trial_id", "eval_set", "metric"]).any()
+
+
+def test_saved_predictions_reproduce_the_metrics(tiny_run):
+    from ursa_ray.evaluation import accuracy, nll
+
+    _, results = tiny_run
+    metrics = pd.read_parquet(results / "metrics.parquet")
+    trial_id = sorted(metrics.loc[metrics["method"] == "mc_dropout", "trial_id"])[0]
+    table = pd.read_parquet(results / "predictions" / f"{trial_id}__test.parquet")
+    probs = table[[f"p{k}" for k in range(10)]].to_numpy()
+    test = metrics[(metrics["trial_id"] == trial_id) & (metrics["eval_set"] == "test")].set_index("metric")["value"]
+    assert accuracy(probs, table["label"].to_numpy()) == pytest.approx(test["accuracy"])
+    assert nll(probs, table["label"].to_numpy()) == pytest.approx(test["nll"], rel=1e-6)
+    assert "expected_entropy" in table.columns
+    assert (results / "predictions" / f"{trial_id}__noise.parquet").exists()
+
+
+def test_report_writes_markdown(tiny_run, capsys):
+    _, results = tiny_run
+    assert main(["report", str(results)]) == 0
+    printed = capsys.readouterr().out
+    assert "| method | accuracy | nll |" in printed
+    report = (results / "report.md").read_text()
+    assert "## Composite scores" in report and "mean ± std over seeds" in report
+    assert "sgd_diverging" in report  # failed trials are listed
+    assert " ± " in report
+
+
+def test_resume_reruns_only_missing_trials(ray_session, tmp_path):
+    grid = dict(TINY, methods=TINY["methods"][:1], datasets=["digits"], seeds=[0, 1, 2])
+    grid_file = tmp_path / "resume.yaml"
+    grid_file.write_text(yaml.safe_dump(grid))
+    out = tmp_path / "results"
+    spec = parse_grid(grid, str(grid_file))
+    first = run_grid(spec, out, echo=lambda line: None)
+    assert len(first.finished) == 3
+    # as if the run had been interrupted after its first trial: drop two trials' rows
+    trials = pd.read_parquet(out / "trials.parquet")
+    keep = trials["trial_id"].iloc[0]
+    trials[trials["trial_id"] == keep].to_parquet(out / "trials.parquet", index=False)
+    again = run_grid(spec, out, echo=lambda line: None)
+    assert again.skipped == 1 and len(again.finished) == 2
+    final = pd.read_parquet(out / "trials.parquet")
+    assert sorted(final["trial_id"]) == sorted(trials["trial_id"])
+    metrics = pd.read_parquet(out / "metrics.parquet")
+    assert not metrics.duplicated(["trial_id", "eval_set", "metric"]).any()
+    third = run_grid(spec, out, echo=lambda line: None)
+    assert third.skipped == 3 and not third.finished
+
+
+def test_ctrl_c_then_rerun_completes_every_trial_exactly_once(tmp_path):
+    grid = dict(TINY, methods=TINY["methods"][:2], datasets=["digits"], seeds=[0, 1, 2], save_predictions=False)
+    grid["budget"] = {"epochs": 40, "n_samples": 4, "batch_size": 64}
+    grid_file = tmp_path / "interrupt.yaml"
+    grid_file.write_text(yaml.safe_dump(grid))
+    out = tmp_path / "results"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    command = [sys.executable, "-m", "ursa_ray.cli", "run", str(grid_file), "--out", str(out)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    deadline = time.time() + 240
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("[1/6]"):
+            process.send_signal(signal.SIGINT)
+            break
+        assert time.time() < deadline, "".join(lines)
+    rest, _ = process.communicate(timeout=180)
+    output = "".join(lines) + rest
+    assert process.returncode == 130, output
+    assert "interrupted" in output
+    partial = pd.read_parquet(out / "trials.parquet")
+    assert 1 <= len(partial) < 6
+    rerun = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert f"({len(partial)} already finished)" in rerun.stdout
+    trials = pd.read_parquet(out / "trials.parquet")
+    assert len(trials) == 6 and trials["trial_id"].is_unique and (trials["status"] == "ok").all()
+    metrics = pd.read_parquet(out / "metrics.parquet")
+    assert metrics.groupby("trial_id").size().nunique() == 1  # every trial's rows exactly once
