@@ -126,6 +126,7 @@ def _search_algorithm(settings: Any, seed: int) -> Any:
         import optuna
         from ray.tune.search.optuna import OptunaSearch
 
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
         return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=seed))
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
