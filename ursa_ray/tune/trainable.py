@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import ray
 from ray import tune
 
 
@@ -58,6 +59,7 @@ def run_ursa_trial(param: dict[str, Any]) -> None:
             "trial_wall_s": time.time() - started_wall,
             "cpu_s": time.process_time() - started_cpu,
             "node": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id(),
         }
     )
     with tempfile.TemporaryDirectory(prefix="ursa-") as folder:
