@@ -74,7 +74,18 @@ BAD = [
     (variant(datasets=[{"name": "digits", "complexity": [1, 2]}]), "datasets[0].complexity: digits has no complexity to sweep"),
     (variant(methods=["sgd", "sgd"]), "methods: labels must be unique"),
     (variant(methods=[{"name": "sgd", "models": ["resnet50"]}]), "methods[0].models: 'resnet50' is not among the grid's models: mlp"),
+    (variant(methods=[{"name": "sgd", "model_hyperparameters": {"mlp": {"lr": "x"}}}]), "methods[0].model_hyperparameters.mlp.lr: expected float"),
+    (variant(methods=[{"name": "sgd", "model_hyperparameters": {"vit": {"lr": 0.1}}}]), "methods[0].model_hyperparameters.vit: not among the grid's models: mlp"),
 ]
+
+
+def test_model_hyperparameters_override_per_model():
+    raw = variant(
+        models=[{"name": "mlp", "options": {"widths": [8]}}, "linear"],
+        methods=[{"name": "sgd", "hyperparameters": {"lr": 0.1}, "model_hyperparameters": {"linear": {"lr": 0.5}}}],
+    )
+    specs = parse_grid(raw, "g.yaml").trial_specs()
+    assert {s["model"]: s["config"]["lr"] for s in specs} == {"mlp": 0.1, "linear": 0.5}
 
 
 @pytest.mark.parametrize("raw, message", BAD, ids=[m.split(":")[0] for _, m in BAD])

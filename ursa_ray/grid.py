@@ -37,7 +37,7 @@ TOP_KEYS = {
     "search": f"the hyperparameter search phase {sorted(SEARCH_KEYS)}",
 }
 REQUIRED = ("name", "methods", "models", "datasets", "seeds")
-METHOD_KEYS = ("name", "label", "models", "hyperparameters", "search")
+METHOD_KEYS = ("name", "label", "models", "hyperparameters", "model_hyperparameters", "search")
 MODEL_KEYS = ("name", "options")
 DATASET_KEYS = ("name", "ood", "complexity", "options")
 RESOURCE_KEYS = ("cpu", "gpu", "custom")
@@ -54,6 +54,7 @@ class MethodEntry:
     models: tuple[str, ...] | None
     hyperparameters: dict[str, Any]
     search_space: dict[str, dict[str, Any]]
+    model_hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ class Grid:
         m: MethodEntry = cell["method"]
         method = methods.get_method(m.name)
         budget = {k: v for k, v in self.budget.items() if k in {h.name for h in method.hyperparameters}}
-        config = resolve_config(method, {**budget, **m.hyperparameters, **extra})
+        per_model = m.model_hyperparameters.get(cell["model"].name, {})
+        config = resolve_config(method, {**budget, **m.hyperparameters, **per_model, **extra})
         spec = {
             "phase": phase,
             "method": m.name,
@@ -311,7 +313,17 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
             only = tuple(only)
         hyper = _check_options(path, f"{where}.hyperparameters", method.hyperparameters, item.get("hyperparameters"))
         space = parse_search_space(path, f"{where}.search", method.hyperparameters, item.get("search"), _fail)
-        method_entries.append(MethodEntry(item["name"], label, only, hyper, space))
+        per_model_raw = item.get("model_hyperparameters") or {}
+        if not isinstance(per_model_raw, dict):
+            raise _fail(path, f"{where}.model_hyperparameters", "expected a mapping of model name to hyperparameters")
+        per_model = {}
+        for model_name, values in per_model_raw.items():
+            if model_name not in model_names:
+                raise _fail(path, f"{where}.model_hyperparameters.{model_name}", f"not among the grid's models: {', '.join(model_names)}")
+            per_model[model_name] = _check_options(
+                path, f"{where}.model_hyperparameters.{model_name}", method.hyperparameters, values
+            )
+        method_entries.append(MethodEntry(item["name"], label, only, hyper, space, per_model))
     labels = [m.label for m in method_entries]
     duplicates = sorted({lab for lab in labels if labels.count(lab) > 1})
     if duplicates:
