@@ -64,8 +64,9 @@ class Problem:
     """What a method may see of a trial.
 
     ``x`` and ``y`` are the whole training set on ``device``.  ``make_model()`` returns a freshly
-    initialised network on ``device`` whose initial weights are drawn from ``generator`` (so each seed,
-    and each ensemble member, starts from its own initialisation).  ``augment``, when set, is applied to
+    initialised network on ``device``; its initial weights come from torch's global random number
+    generator, which the trial seeds, so each seed and each call (each ensemble member) starts from its
+    own initialisation.  ``generator`` drives the mini-batch order and the methods' own randomness.  ``augment``, when set, is applied to
     every training mini-batch (random crop and flip for CIFAR).
     """
 

@@ -1,0 +1,193 @@
+"""Subspace inference: PCA of the SGD trajectory + elliptical slice sampling (Izmailov, Maddox, Kirichenko,
+Garipov, Vetrov & Wilson 2019, "Subspace inference for Bayesian deep learning"; ESS: Murray, Adams &
+MacKay 2010).
+
+1. ``epochs`` of SGD burn-in, then ``swa_epochs`` of constant-rate SGD (``swa_lr``) collecting iterates, as
+   for SWAG (:func:`ursa_ray.methods.swag.fit_swa`).  θ̄ is the exact mean of all collected iterates.
+2. The last K = ``rank`` iterates, centred on θ̄ and divided by √(K − 1), form the K × P matrix D;
+   ``torch.linalg.svd`` gives D = U S Vᵀ and the subspace basis is the top-``rank`` rows of S Vᵀ, i.e.
+   principal directions scaled by the trajectory's standard deviation along them (as in Izmailov et
+   al.'s PCA subspace), so ``subspace_prior_std`` is in units of that spread.
+3. θ(z) = θ̄ + Bᵀ z with prior z ~ N(0, subspace_prior_std² I) and the tempered full-batch likelihood
+   exp((1/T) Σ_i log p(y_i | x_i, θ(z))), T = ``temperature`` (URSABench uses T = 5000 for MNIST; the
+   default 1 is the untempered posterior restricted to the subspace).  No weight-decay prior is added in
+   the subspace: the Gaussian prior on z is the prior.
+4. Elliptical slice sampling in z from z = 0 (the SWA mean): ``ess_burn_in`` steps discarded, then
+   ``n_samples`` steps, each yielded as a sample.  Every likelihood evaluation is one forward pass over
+   the training set (plus a batch-norm refresh when the network has batch norm); their number is recorded
+   as ``stats['likelihood_evals']``.  ``stats['grad_evals']`` counts the SGD steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ursa_ray.methods._training import SGD_HYPERPARAMETERS
+from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, load_flat_parameters
+from ursa_ray.methods.swag import BN_CHUNK, SWA_HYPERPARAMETERS, fit_swa, refresh_batch_norm
+
+MAX_SHRINKS = 200
+"""Bracket shrinks after which an ESS step gives up and stays put (the bracket is then ~2π·2⁻²⁰⁰)."""
+
+
+def elliptical_slice(
+    z: Tensor,
+    log_likelihood_fn: Callable[[Tensor], float],
+    prior_std: float | Tensor,
+    generator: torch.Generator,
+    log_lik: float | None = None,
+) -> tuple[Tensor, float, int]:
+    """One elliptical slice sampling step (Murray, Adams & MacKay 2010, Fig. 2) for the target
+    N(z; 0, prior_std² I) · exp(log_likelihood_fn(z)).
+
+    Returns ``(z_new, log_lik_new, n_evals)``; ``n_evals`` counts calls of ``log_likelihood_fn`` (the
+    current point's is counted when ``log_lik`` is not supplied).  Randomness comes from ``generator``
+    (on its own device; z may live elsewhere).  The step never rejects: it returns a point on the
+    ellipse through z and an auxiliary prior draw ν whose log-likelihood exceeds the slice level.
+    """
+    n_evals = 0
+    if log_lik is None:
+        log_lik = float(log_likelihood_fn(z))
+        n_evals += 1
+    if not math.isfinite(log_lik):
+        raise FloatingPointError(f"log-likelihood at the current point is {log_lik}")
+    gdev = generator.device
+
+    def uniform() -> float:
+        return float(torch.rand((), generator=generator, dtype=torch.float64, device=gdev))
+
+    nu = torch.randn(z.shape, generator=generator, dtype=z.dtype, device=gdev).to(z.device) * prior_std
+    level = log_lik + math.log(1.0 - uniform())  # 1 − U ∈ (0, 1]
+    angle = 2 * math.pi * uniform()
+    low, high = angle - 2 * math.pi, angle
+    for _ in range(MAX_SHRINKS):
+        proposal = z * math.cos(angle) + nu * math.sin(angle)
+        value = float(log_likelihood_fn(proposal))
+        n_evals += 1
+        if value > level:  # NaN compares False: shrink past it
+            return proposal, value, n_evals
+        if angle < 0:
+            low = angle
+        else:
+            high = angle
+        angle = low + (high - low) * uniform()
+    return z, log_lik, n_evals
+
+
+def pca_basis(deviations: Tensor, rank: int) -> Tensor:
+    """Rows s_j v_jᵀ of the top-``rank`` singular triplets of ``deviations`` (K × P), largest first.
+
+    With ``deviations`` = (θ_i − θ̄)/√(K−1) the rows span the top principal directions, scaled by the
+    trajectory's standard deviation along each; BᵀB is the rank-``rank`` approximation of DᵀD.
+    """
+    if deviations.shape[0] < 1:
+        raise ValueError("no deviations to decompose")
+    _, singular_values, vh = torch.linalg.svd(deviations, full_matrices=False)
+    rank = min(rank, singular_values.numel())
+    return singular_values[:rank, None] * vh[:rank]
+
+
+def load_subspace_point(
+    model: nn.Module, problem: Problem, mean: Tensor, basis: Tensor, z: Tensor, chunk: int = BN_CHUNK
+) -> None:
+    """Load θ̄ + Bᵀz into ``model``, recompute its batch-norm statistics (if any) and set eval mode."""
+    theta = mean + z.to(device=basis.device, dtype=basis.dtype) @ basis
+    load_flat_parameters(model, theta)
+    del theta
+    refresh_batch_norm(model, problem, chunk)
+    model.eval()
+
+
+def subspace_log_likelihood(
+    model: nn.Module,
+    problem: Problem,
+    mean: Tensor,
+    basis: Tensor,
+    temperature: float,
+    chunk: int = BN_CHUNK,
+) -> Callable[[Tensor], float]:
+    """z ↦ (1/T) Σ_i log p(y_i | x_i, θ̄ + Bᵀz) over the whole training set (model in eval mode,
+    batch-norm statistics recomputed for θ(z) first when the network has batch norm).
+
+    The returned function loads θ(z) into ``model`` as a side effect.
+    """
+
+    def log_likelihood(z: Tensor) -> float:
+        load_subspace_point(model, problem, mean, basis, z, chunk)
+        total = torch.zeros((), dtype=torch.float64, device=problem.x.device)
+        with torch.no_grad():
+            for i in range(0, problem.n_train, chunk):
+                out = model(problem.x[i : i + chunk])
+                total += problem.likelihood.log_prob(out, problem.y[i : i + chunk]).sum().to(torch.float64)
+        return float(total) / temperature
+
+    return log_likelihood
+
+
+class PCAESS:
+    name = "pca_ess"
+    description = (
+        "subspace inference: PCA of SGD iterates (rank-K subspace around the SWA mean), elliptical slice "
+        "sampling of the tempered full-batch posterior in the subspace"
+    )
+    hyperparameters = (
+        SGD_HYPERPARAMETERS
+        + SWA_HYPERPARAMETERS
+        + (
+            Hyperparameter("rank", int, 20, "subspace dimension: PCA of the last `rank` iterates", low=1),
+            Hyperparameter(
+                "temperature", float, 1.0, "T dividing the log-likelihood (URSABench: 5000 for MNIST)", low=1e-12
+            ),
+            Hyperparameter(
+                "subspace_prior_std", float, 2.0, "std of the N(0, s² I) prior on subspace coordinates", low=1e-12
+            ),
+            Hyperparameter("ess_burn_in", int, 0, "ESS steps discarded before the first sample", low=0),
+            Hyperparameter("n_samples", int, 30, "ESS steps kept, one sample each", low=1),
+        )
+    )
+
+    def sample_posterior(
+        self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+    ) -> Iterator[Predictor]:
+        rank = config["rank"]
+        model, moments = fit_swa(problem, config, stats, max(rank, 2), "final")
+        if moments.n_stored < 2:
+            raise ValueError("PCA subspace needs at least two collected iterates (raise swa_epochs)")
+        dtype = next(model.parameters()).dtype
+        deviations = moments.deviation_matrix()  # a fresh K × P tensor (iterates − θ̄)
+        deviations /= math.sqrt(moments.n_stored - 1)
+        basis = pca_basis(deviations, rank)
+        del deviations
+        mean = moments.mean.to(dtype)
+        del moments  # frees the iterate buffer and the float64 moments
+        stats["subspace_rank"] = basis.shape[0]
+
+        log_likelihood = subspace_log_likelihood(model, problem, mean, basis, config["temperature"])
+        evaluated: list[Tensor | None] = [None]
+
+        def tracked(z: Tensor) -> float:
+            evaluated[0] = z
+            return log_likelihood(z)
+
+        z = torch.zeros(basis.shape[0], dtype=torch.float64)  # start at the SWA mean
+        log_lik = tracked(z)
+        stats["likelihood_evals"] = 1
+        for step in range(config["ess_burn_in"] + config["n_samples"]):
+            z, log_lik, n_evals = elliptical_slice(
+                z, tracked, config["subspace_prior_std"], problem.generator, log_lik=log_lik
+            )
+            stats["likelihood_evals"] += n_evals
+            if step < config["ess_burn_in"]:
+                continue
+            if evaluated[0] is not z:  # the model holds the last point evaluated, not the accepted one
+                load_subspace_point(model, problem, mean, basis, z)
+            stats["n_samples"] = step - config["ess_burn_in"] + 1
+            yield model
+
+
+METHODS = (PCAESS(),)

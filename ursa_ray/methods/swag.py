@@ -1,0 +1,312 @@
+"""SWA and SWAG (Maddox, Izmailov, Garipov, Vetrov & Wilson 2019, "A simple baseline for Bayesian
+uncertainty in deep learning").
+
+Training: ``epochs`` epochs of SGD burn-in (:func:`train_sgd`, with its schedule), then ``swa_epochs``
+epochs of SGD at the constant learning rate ``swa_lr``, collecting the flattened weights θ_i once per
+epoch (``swa_collect_every = 0``) or every ``swa_collect_every`` optimiser steps.  From the n collected
+iterates we keep
+
+- the exact running first and second moments θ̄ = (1/n) Σ θ_i and θ²̄ = (1/n) Σ θ_i² (float64, updated as
+  θ̄_n = θ̄_{n−1} + (θ_n − θ̄_{n−1})/n, so θ̄ is the plain average of the iterates: no sum/(n+1) bias);
+- the deviation matrix D (K × P, K = ``rank``): the deviations θ_i − θ̄_i of the last K iterates from the
+  running mean at the time they were collected (a ring buffer; nothing else is stored per iterate).
+
+SWAG draws (a fresh draw per sample; nothing is kept per draw)::
+
+    θ = θ̄ + √scale · ( σ ⊙ z₁ + Dᵀ z₂ / √(K' − 1) ),   z₁ ~ N(0, I_P), z₂ ~ N(0, I_K')
+    σ² = clamp(θ²̄ − θ̄², min = min_var),              K' = number of stored deviations
+
+so θ ~ N(θ̄, scale · (diag σ² + DᵀD/(K' − 1))).  With ``scale = 0.5`` (the default, as in Maddox et al.)
+this is θ̄ + (1/√2) σ ⊙ z₁ + Dᵀ z₂ / √(2(K' − 1)), the paper's Σ = ½(Σ_diag + Σ_low-rank).  Maddox et al.
+divide by the buffer size K even before it is full; we divide by the number actually stored.  With
+fewer than two stored deviations (``rank`` < 2, or a single iterate) the low-rank term is dropped
+(diagonal SWAG).
+
+Networks with batch normalisation get their running statistics recomputed for each draw (and for the SWA
+mean), one forward pass over the training inputs in fixed order without augmentation
+(:func:`refresh_batch_norm`); networks without batch norm skip it.
+
+Methods: ``swag`` (``n_samples`` draws) and ``swa`` (the SWA mean θ̄ as the single sample).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ursa_ray.methods._training import SGD_HYPERPARAMETERS, check_finite, train_sgd
+from ursa_ray.methods.base import (
+    Hyperparameter,
+    Predictor,
+    Problem,
+    flat_parameters,
+    load_flat_parameters,
+)
+
+BN_CHUNK = 1024
+"""Inputs per forward pass when recomputing batch-norm statistics or full-batch log-likelihoods."""
+
+SWA_HYPERPARAMETERS = (
+    Hyperparameter("swa_epochs", int, 20, "epochs of constant-rate SGD during which iterates are collected", low=1),
+    Hyperparameter("swa_lr", float, 0.01, "constant learning rate of the collection phase", low=0.0),
+    Hyperparameter(
+        "swa_collect_every", int, 0, "collect an iterate every k optimiser steps; 0 = once per epoch", low=0
+    ),
+)
+
+RANK = Hyperparameter("rank", int, 20, "K: number of most recent deviations kept (rank of the low-rank part)", low=0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Batch normalisation
+# ----------------------------------------------------------------------------------------------------
+
+
+def has_batch_norm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def refresh_batch_norm(model: nn.Module, problem: Problem, chunk: int = BN_CHUNK) -> bool:
+    """Recompute every batch-norm layer's running mean and variance for the current weights.
+
+    One pass over ``problem.x`` in fixed order (no augmentation, no shuffling: deterministic) with
+    cumulative averaging (:func:`torch.optim.swa_utils.update_bn`).  Returns False, and does nothing,
+    when the model has no batch-norm layer.  The model's train/eval mode is left as it was.
+    """
+    if not has_batch_norm(model):
+        return False
+    batches = ((problem.x[i : i + chunk],) for i in range(0, problem.n_train, chunk))
+    torch.optim.swa_utils.update_bn(batches, model)
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------
+# Moments
+# ----------------------------------------------------------------------------------------------------
+
+
+class SWAGMoments:
+    """Running first/second moments of collected weight vectors and a ring buffer of the last K rows.
+
+    ``centre="running"`` (SWAG) stores θ_i − θ̄_i, the deviation from the running mean just after θ_i
+    was added (Maddox et al.).  ``centre="final"`` stores the raw iterates θ_i and
+    :meth:`deviation_matrix` centres them on the final mean θ̄ (the PCA of the trajectory used by
+    subspace inference).  Moments are float64; the buffer has the parameters' dtype.
+    """
+
+    def __init__(
+        self,
+        n_params: int,
+        max_rank: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        centre: str = "running",
+    ) -> None:
+        if centre not in ("running", "final"):
+            raise ValueError(f"centre must be 'running' or 'final', got {centre!r}")
+        self.n_params = n_params
+        self.max_rank = max_rank
+        self.centre = centre
+        self.n = 0
+        self.mean = torch.zeros(n_params, dtype=torch.float64, device=device)
+        self.sq_mean = torch.zeros(n_params, dtype=torch.float64, device=device)
+        self._buffer = torch.empty(max_rank, n_params, dtype=dtype, device=device)
+        self.n_stored = 0
+        self._next_row = 0
+
+    def collect(self, theta: Tensor) -> None:
+        """Add one weight vector: exact running means, then the newest buffer row."""
+        if theta.shape != (self.n_params,):
+            raise ValueError(f"expected a vector of {self.n_params} parameters, got shape {tuple(theta.shape)}")
+        t = theta.detach().to(device=self.mean.device, dtype=torch.float64)
+        if not torch.isfinite(t).all():
+            raise FloatingPointError("a collected SWA iterate is not finite")
+        self.n += 1
+        self.mean.add_(t - self.mean, alpha=1.0 / self.n)
+        self.sq_mean.add_(t * t - self.sq_mean, alpha=1.0 / self.n)
+        if self.max_rank > 0:
+            row = t - self.mean if self.centre == "running" else t
+            self._buffer[self._next_row].copy_(row)
+            self._next_row = (self._next_row + 1) % self.max_rank
+            self.n_stored = min(self.n_stored + 1, self.max_rank)
+
+    def variance(self, min_var: float = 1e-30) -> Tensor:
+        """σ² = clamp(θ²̄ − θ̄², min_var), float64."""
+        return torch.clamp(self.sq_mean - self.mean**2, min=min_var)
+
+    def deviation_matrix(self) -> Tensor:
+        """The K' × P matrix D of stored deviations (row order is that of the ring buffer, irrelevant)."""
+        rows = self._buffer[: self.n_stored]
+        if self.centre == "final":
+            return rows - self.mean.to(rows.dtype)
+        return rows
+
+    def covariance_diagonal(self, scale: float = 0.5, min_var: float = 1e-30) -> Tensor:
+        """diag of the SWAG covariance scale · (diag σ² + DᵀD/(K'−1)), float64."""
+        diag = self.variance(min_var)
+        if self.centre == "running" and self.n_stored >= 2:
+            d = self.deviation_matrix().to(torch.float64)
+            diag = diag + (d**2).sum(0) / (self.n_stored - 1)
+        return scale * diag
+
+    def covariance(self, scale: float = 0.5, min_var: float = 1e-30) -> Tensor:
+        """The full P × P SWAG covariance (for tests on small P only)."""
+        cov = torch.diag(self.variance(min_var))
+        if self.centre == "running" and self.n_stored >= 2:
+            d = self.deviation_matrix().to(torch.float64)
+            cov = cov + d.T @ d / (self.n_stored - 1)
+        return scale * cov
+
+    def sample(self, generator: torch.Generator, scale: float = 0.5, min_var: float = 1e-30) -> Tensor:
+        """One SWAG draw θ̄ + √scale (σ ⊙ z₁ + Dᵀz₂/√(K'−1)), in the buffer's dtype on the moments' device.
+
+        The normal variates come from ``generator`` (on its own device) and are moved over.
+        """
+        if self.n == 0:
+            raise RuntimeError("no iterates collected")
+        gdev = generator.device
+        z1 = torch.randn(self.n_params, generator=generator, dtype=torch.float64, device=gdev)
+        noise = self.variance(min_var).sqrt() * z1.to(self.mean.device)
+        if self.centre == "running" and self.n_stored >= 2:
+            z2 = torch.randn(self.n_stored, generator=generator, dtype=torch.float64, device=gdev)
+            d = self.deviation_matrix()
+            low_rank = z2.to(device=d.device, dtype=d.dtype) @ d
+            noise += low_rank.to(torch.float64) / math.sqrt(self.n_stored - 1)
+        return (self.mean + math.sqrt(scale) * noise).to(self._buffer.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training
+# ----------------------------------------------------------------------------------------------------
+
+
+def collect_iterates(
+    model: nn.Module,
+    problem: Problem,
+    config: Mapping[str, Any],
+    stats: dict[str, float],
+    collect: Callable[[Tensor], None],
+) -> int:
+    """``swa_epochs`` epochs of SGD at the constant rate ``swa_lr`` (momentum and weight decay as in
+    ``config``), calling ``collect(flat weights)`` once per epoch or every ``swa_collect_every`` steps.
+
+    Returns the number of iterates collected; adds the optimiser steps to ``stats['grad_evals']``.
+    """
+    optimiser = torch.optim.SGD(
+        model.parameters(), lr=config["swa_lr"], momentum=config["momentum"], weight_decay=config["weight_decay"]
+    )
+    every = config["swa_collect_every"]
+    step = 0
+    collected = 0
+    model.train()
+    for epoch in range(config["swa_epochs"]):
+        for xb, yb in problem.minibatches(config["batch_size"]):
+            loss = -problem.likelihood.log_prob(model(xb), yb).mean()
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            step += 1
+            if every and step % every == 0:
+                check_finite(loss.detach(), epoch)
+                collect(flat_parameters(model))
+                collected += 1
+        check_finite(loss.detach(), epoch)
+        if not every:
+            collect(flat_parameters(model))
+            collected += 1
+    stats["grad_evals"] = stats.get("grad_evals", 0.0) + step
+    if collected == 0:
+        raise ValueError(
+            f"swa_collect_every={every} exceeds the {step} steps of the collection phase: nothing collected"
+        )
+    return collected
+
+
+def fit_swa(
+    problem: Problem,
+    config: Mapping[str, Any],
+    stats: dict[str, float],
+    max_rank: int,
+    centre: str = "running",
+    on_collect: Callable[[Tensor], None] | None = None,
+) -> tuple[nn.Module, SWAGMoments]:
+    """A fresh model, SGD burn-in for ``config['epochs']``, then the collection phase.
+
+    Returns the model (holding the last iterate) and the moments.  ``on_collect`` (tests) sees every
+    collected vector too.
+    """
+    model = problem.make_model()
+    train_sgd(model, problem, config, stats)
+    reference = flat_parameters(model)
+    moments = SWAGMoments(reference.numel(), max_rank, reference.device, reference.dtype, centre)
+    del reference
+
+    def collect(theta: Tensor) -> None:
+        moments.collect(theta)
+        if on_collect is not None:
+            on_collect(theta)
+
+    collect_iterates(model, problem, config, stats, collect)
+    stats["swa_iterates"] = moments.n
+    return model, moments
+
+
+# ----------------------------------------------------------------------------------------------------
+# Methods
+# ----------------------------------------------------------------------------------------------------
+
+
+class SWAG:
+    name = "swag"
+    description = (
+        "SWAG: SGD burn-in, constant-rate SGD iterates → Gaussian N(θ̄, scale·(diag σ² + DᵀD/(K−1))), "
+        "one fresh draw per sample, batch norm refreshed per draw"
+    )
+    hyperparameters = (
+        SGD_HYPERPARAMETERS
+        + SWA_HYPERPARAMETERS
+        + (
+            RANK,
+            Hyperparameter(
+                "scale", float, 0.5, "covariance scale; 0.5 is Maddox et al.'s ½(Σ_diag + Σ_low-rank)", low=0.0
+            ),
+            Hyperparameter("min_var", float, 1e-30, "floor of the diagonal variance θ²̄ − θ̄²", low=0.0),
+            Hyperparameter("n_samples", int, 30, "SWAG draws", low=1),
+        )
+    )
+
+    def sample_posterior(
+        self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+    ) -> Iterator[Predictor]:
+        model, moments = fit_swa(problem, config, stats, config["rank"], "running")
+        model.eval()
+        for s in range(config["n_samples"]):
+            theta = moments.sample(problem.generator, config["scale"], config["min_var"])
+            load_flat_parameters(model, theta)
+            del theta
+            refresh_batch_norm(model, problem)
+            stats["n_samples"] = s + 1
+            yield model
+
+
+class SWA:
+    name = "swa"
+    description = "SWA: the average θ̄ of constant-rate SGD iterates as a single sample (batch norm refreshed)"
+    hyperparameters = SGD_HYPERPARAMETERS + SWA_HYPERPARAMETERS
+
+    def sample_posterior(
+        self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+    ) -> Iterator[Predictor]:
+        model, moments = fit_swa(problem, config, stats, 0, "running")
+        load_flat_parameters(model, moments.mean.to(next(model.parameters()).dtype))
+        refresh_batch_norm(model, problem)
+        model.eval()
+        stats["n_samples"] = 1
+        yield model
+
+
+METHODS = (SWAG(), SWA())
