@@ -119,8 +119,11 @@ def test_cli_rejects_bad_grid_with_status_2_and_creates_nothing(tmp_path, capsys
 
 
 def test_cli_validate_accepts_shipped_grids(capsys):
+    """Grids on embedded or generated data; the paper-scale ones need files (see test_paper_grids.py)."""
     root = Path(__file__).resolve().parents[1] / "grids"
     for grid in sorted(root.glob("*.yaml")):
+        if grid.stem in ("small_scale", "medium_scale"):
+            continue
         assert main(["validate", str(grid)]) == 0, grid
     assert "valid:" in capsys.readouterr().out
 

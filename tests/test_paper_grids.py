@@ -1,0 +1,93 @@
+"""The paper-scale grids validate when their data is present, report missing data before any trial, and
+their trials start on files in the real on-disk formats (tiny generated stand-ins for the real sets)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ursa_ray.cli import main
+from ursa_ray.data import _vision_files as files
+from ursa_ray.grid import load_grid
+from ursa_ray.trial import run_trial
+
+GRIDS = Path(__file__).resolve().parents[1] / "grids"
+SHRINK = {
+    "epochs": 2, "burn_in_epochs": 1, "n_samples": 2, "n_cycles": 1, "epochs_per_cycle": 10, "samples_per_cycle": 1,
+    "swa_epochs": 2, "burn_in": 2, "n_leapfrog": 3, "rank": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+
+    def images(n, shape):
+        return rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+
+    for name in ("mnist", "fashion_mnist", "kmnist"):
+        labels = np.tile(np.arange(10, dtype=np.uint8), 20)
+        files.write_mnist_family(root, name, images(200, (28, 28)), labels, images(40, (28, 28)), labels[:40])
+    labels = np.tile(np.arange(10), 8)
+    files.write_cifar10(root, images(80, (3, 32, 32)), labels, images(20, (3, 32, 32)), labels[:20])
+    labels100 = np.arange(100)
+    files.write_cifar100(root, images(100, (3, 32, 32)), labels100, images(20, (3, 32, 32)), labels100[:20])
+    files.write_svhn_test(root, images(20, (3, 32, 32)), np.arange(1, 21) % 10 + 1)
+    files.write_stl10_test(root, images(10, (3, 96, 96)), np.arange(10) + 1)
+    return root
+
+
+@pytest.fixture
+def with_data(data_root, monkeypatch):
+    monkeypatch.setenv("URSA_DATA", str(data_root))
+    monkeypatch.setenv("URSA_SKIP_CHECKSUMS", "1")
+    return data_root
+
+
+def test_missing_data_is_reported_before_any_trial(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("URSA_DATA", str(tmp_path / "empty"))
+    out = tmp_path / "results"
+    assert main(["run", str(GRIDS / "small_scale.yaml"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {GRIDS / 'small_scale.yaml'}: datasets[0]: dataset 'mnist' not found: no file ")
+    assert str(tmp_path / "empty") in err and "download: true" in err and "\n" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("grid", ["small_scale.yaml", "medium_scale.yaml"])
+def test_paper_grids_validate_with_data_present(with_data, grid, capsys):
+    assert main(["validate", str(GRIDS / grid)]) == 0
+    assert "valid:" in capsys.readouterr().out
+
+
+def _shrunk(spec):
+    config = {k: (min(v, SHRINK[k]) if k in SHRINK else v) for k, v in spec["config"].items()}
+    return {**spec, "config": config, "resources": {**spec["resources"], "gpu": 0}}
+
+
+def test_small_scale_every_method_starts_on_mnist_format_files(with_data):
+    grid = load_grid(GRIDS / "small_scale.yaml")
+    seen = set()
+    for spec in grid.trial_specs():
+        if spec["label"] in seen or spec["dataset"] != "mnist":
+            continue
+        seen.add(spec["label"])
+        outcome = run_trial(_shrunk(spec))
+        evals = {m["eval_set"] for m in outcome.metrics}
+        assert {"test", "fashion_mnist", "kmnist"} <= evals, spec["label"]
+        assert outcome.record["n_params"] == 784 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10
+    assert seen == {m.label for m in grid.methods}
+
+
+def test_medium_scale_starts_on_cifar_format_files(with_data):
+    grid = load_grid(GRIDS / "medium_scale.yaml")
+    spec = next(s for s in grid.trial_specs() if s["label"] == "sgd" and s["model"] == "resnet50" and s["dataset"] == "cifar10")
+    spec = _shrunk(spec)
+    spec["config"] = {**spec["config"], "epochs": 1}
+    outcome = run_trial(spec)
+    evals = {m["eval_set"] for m in outcome.metrics}
+    assert {"test", "svhn", "stl10"} <= evals
+    assert outcome.record["n_params"] == 23_520_842
