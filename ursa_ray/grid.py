@@ -37,7 +37,7 @@ TOP_KEYS = {
     "search": f"the hyperparameter search phase {sorted(SEARCH_KEYS)}",
 }
 REQUIRED = ("name", "methods", "models", "datasets", "seeds")
-METHOD_KEYS = ("name", "label", "models", "hyperparameters", "model_hyperparameters", "search")
+METHOD_KEYS = ("name", "label", "models", "datasets", "hyperparameters", "model_hyperparameters", "search")
 MODEL_KEYS = ("name", "options")
 DATASET_KEYS = ("name", "ood", "complexity", "options")
 RESOURCE_KEYS = ("cpu", "gpu", "custom")
@@ -55,6 +55,11 @@ class MethodEntry:
     hyperparameters: dict[str, Any]
     search_space: dict[str, dict[str, Any]]
     model_hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    datasets: tuple[str, ...] | None = None
+
+    def pairs_with(self, model: str, dataset: str) -> bool:
+        """Whether this method runs on (model, dataset), given its optional restrictions."""
+        return (self.models is None or model in self.models) and (self.datasets is None or dataset in self.datasets)
 
 
 @dataclass(frozen=True)
@@ -98,9 +103,9 @@ class Grid:
         out = []
         for m in self.methods:
             for mo in self.models:
-                if m.models is not None and mo.name not in m.models:
-                    continue
                 for d in self.datasets:
+                    if not m.pairs_with(mo.name, d.name):
+                        continue
                     for c in d.complexity or (None,):
                         options = dict(d.options)
                         if c is not None:
@@ -311,6 +316,15 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
                 if o not in model_names:
                     raise _fail(path, f"{where}.models", f"{o!r} is not among the grid's models: {', '.join(model_names)}")
             only = tuple(only)
+        only_data = item.get("datasets")
+        if only_data is not None:
+            dataset_names = [d.name for d in dataset_entries]
+            if not isinstance(only_data, list) or not only_data or not all(isinstance(o, str) for o in only_data):
+                raise _fail(path, f"{where}.datasets", "expected a non-empty list of dataset names")
+            for o in only_data:
+                if o not in dataset_names:
+                    raise _fail(path, f"{where}.datasets", f"{o!r} is not among the grid's datasets: {', '.join(dataset_names)}")
+            only_data = tuple(only_data)
         hyper = _check_options(path, f"{where}.hyperparameters", method.hyperparameters, item.get("hyperparameters"))
         space = parse_search_space(path, f"{where}.search", method.hyperparameters, item.get("search"), _fail)
         per_model_raw = item.get("model_hyperparameters") or {}
@@ -323,7 +337,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
             per_model[model_name] = _check_options(
                 path, f"{where}.model_hyperparameters.{model_name}", method.hyperparameters, values
             )
-        method_entries.append(MethodEntry(item["name"], label, only, hyper, space, per_model))
+        method_entries.append(MethodEntry(item["name"], label, only, hyper, space, per_model, only_data))
     labels = [m.label for m in method_entries]
     duplicates = sorted({lab for lab in labels if labels.count(lab) > 1})
     if duplicates:
@@ -372,12 +386,15 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
 
     for m in method_entries:
         for mo in model_entries:
-            if m.models is not None and mo.name not in m.models:
-                continue
             spec = known_models[mo.name]
             for d in dataset_entries:
-                if d.task not in spec.tasks:
-                    raise _fail(path, "models", f"model {mo.name!r} does not fit the {d.task} dataset {d.name!r} (method {m.label}); restrict the method with 'models:'")
+                if m.pairs_with(mo.name, d.name) and d.task not in spec.tasks:
+                    raise _fail(
+                        path,
+                        "models",
+                        f"model {mo.name!r} does not fit the {d.task} dataset {d.name!r} (method {m.label}); "
+                        "restrict the method with 'models:' or 'datasets:'",
+                    )
 
     return Grid(
         path=path,
