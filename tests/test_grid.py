@@ -79,6 +79,19 @@ BAD = [
 ]
 
 
+def test_method_restricted_to_datasets():
+    raw = variant(
+        datasets=["digits", {"name": "e1", "complexity": [1, 2]}],
+        methods=[{"name": "sgd", "datasets": ["digits"]}, {"name": "mc_dropout", "datasets": ["e1"]}],
+    )
+    specs = parse_grid(raw, "g.yaml").trial_specs()
+    assert {(s["method"], s["dataset"], s["complexity"]) for s in specs} == {
+        ("sgd", "digits", None), ("mc_dropout", "e1", 1.0), ("mc_dropout", "e1", 2.0)
+    }
+    with pytest.raises(GridError, match=r"methods\[0\].datasets: 'mnist' is not among the grid's datasets"):
+        parse_grid(variant(methods=[{"name": "sgd", "datasets": ["mnist"]}]), "g.yaml")
+
+
 def test_model_hyperparameters_override_per_model():
     raw = variant(
         models=[{"name": "mlp", "options": {"widths": [8]}}, "linear"],

@@ -1,0 +1,213 @@
+"""Coverage statistics of the deep-regression benchmark, computed from a ``points`` table alone.
+
+``points`` has one row per (trial, test point) with the columns method, experiment, complexity,
+repetition, point_id, x, in_distribution, truth, mean, std (trial_id is not needed).  The anchor model's
+rows carry method = ``"blr"``.
+
+Per method, experiment, complexity and test point, over the k repetitions r = 1..k:
+
+* deviation   d̄ = (1/k) Σ_r |mean_r − truth|,     SE = sd_r(|mean_r − truth|) / √k  (sd with ddof = 1);
+* uncertainty ū = (1/k) Σ_r std_r,                  SE = sd_r(std_r) / √k;
+* coverage    c = (1/k) Σ_r 1[|mean_r − truth| ≤ 1.96 · std_r],  SE = √(c (1 − c) / k);
+* uncertainty ratio ū / ū_blr, and ``below_anchor`` = ū < ū_blr.  By the paper's lemma, an uncertainty
+  below the anchor's means the prediction is biased or the uncertainty is too small.
+
+Aggregates over the in-distribution and the out-of-distribution test points (:func:`coverage_summary`)
+first average each repetition over the region's points and then take mean and standard error over the
+repetitions (SE = sd_r / √k for all three quantities, since points within a repetition are correlated).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+Z = 1.96
+ANCHOR = "blr"
+CELL = ["method", "experiment", "complexity"]
+POINT = CELL + ["point_id"]
+NAMED_TOLERANCE = 1e-4
+
+
+def _with_indicators(points: pd.DataFrame) -> pd.DataFrame:
+    missing = {"method", "experiment", "complexity", "repetition", "point_id", "in_distribution", "truth", "mean", "std"}
+    missing -= set(points.columns)
+    if missing:
+        raise KeyError(f"points table lacks columns {sorted(missing)}")
+    # A runner may write the anchor's rows once per trial of a repetition: keep one row per point.
+    df = points.drop_duplicates(["method", "experiment", "complexity", "repetition", "point_id"]).copy()
+    df["complexity"] = df["complexity"].astype(float)
+    df["deviation"] = (df["mean"] - df["truth"]).abs()
+    df["covered"] = (df["deviation"] <= Z * df["std"]).astype(float)
+    return df
+
+
+def _se(series: pd.Series) -> float:
+    k = series.count()
+    return float(series.std(ddof=1) / math.sqrt(k)) if k > 1 else math.nan
+
+
+def uncertainty_ratio(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
+    """Per method, experiment, complexity and point: mean std, the anchor's mean std, their ratio and
+    ``below_anchor`` (False where the cell has no anchor rows; the ratio is then NaN)."""
+    df = _with_indicators(points)
+    per_point = df.groupby(POINT, as_index=False)["std"].mean().rename(columns={"std": "uncertainty"})
+    base = per_point[per_point["method"] == anchor].drop(columns="method")
+    base = base.rename(columns={"uncertainty": "anchor_uncertainty"})
+    out = per_point.merge(base, on=["experiment", "complexity", "point_id"], how="left")
+    out["uncertainty_ratio"] = out["uncertainty"] / out["anchor_uncertainty"]
+    out["below_anchor"] = (out["uncertainty"] < out["anchor_uncertainty"]).fillna(False).astype(bool)
+    return out
+
+
+def coverage_table(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
+    """One row per method, experiment, complexity and point_id with k, deviation, uncertainty and coverage
+    (each with its standard error), x, in_distribution, truth, the anchor ratio and the below-anchor flag."""
+    df = _with_indicators(points)
+    grouped = df.groupby(POINT, sort=True)
+    extra = {"x": ("x", "first")} if "x" in df.columns else {}
+    table = grouped.agg(
+        k=("repetition", "count"),
+        **extra,
+        in_distribution=("in_distribution", "first"),
+        truth=("truth", "first"),
+        deviation=("deviation", "mean"),
+        deviation_se=("deviation", _se),
+        uncertainty=("std", "mean"),
+        uncertainty_se=("std", _se),
+        coverage=("covered", "mean"),
+    ).reset_index()
+    table["coverage_se"] = np.sqrt(table["coverage"] * (1 - table["coverage"]) / table["k"])
+    table["in_distribution"] = table["in_distribution"].astype(bool)
+    ratio = uncertainty_ratio(points, anchor)[POINT + ["anchor_uncertainty", "uncertainty_ratio", "below_anchor"]]
+    return table.merge(ratio, on=POINT, how="left")
+
+
+def coverage_summary(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
+    """Per method, experiment, complexity and region (in_distribution True / False): k repetitions,
+    n_points, deviation, uncertainty and coverage with standard errors over repetitions, the mean over the
+    region's points of the uncertainty ratio to the anchor, and the share of points below the anchor."""
+    df = _with_indicators(points)
+    region = CELL + ["in_distribution"]
+    per_rep = df.groupby(region + ["repetition"], as_index=False).agg(
+        deviation=("deviation", "mean"), uncertainty=("std", "mean"), coverage=("covered", "mean"),
+        n_points=("point_id", "nunique"),
+    )
+    summary = per_rep.groupby(region).agg(
+        k=("repetition", "count"),
+        n_points=("n_points", "max"),
+        deviation=("deviation", "mean"),
+        deviation_se=("deviation", _se),
+        uncertainty=("uncertainty", "mean"),
+        uncertainty_se=("uncertainty", _se),
+        coverage=("coverage", "mean"),
+        coverage_se=("coverage", _se),
+    ).reset_index()
+    table = coverage_table(points, anchor)
+    ratios = table.groupby(region, as_index=False).agg(
+        uncertainty_ratio=("uncertainty_ratio", "mean"), share_below_anchor=("below_anchor", "mean")
+    )
+    summary["in_distribution"] = summary["in_distribution"].astype(bool)
+    ratios["in_distribution"] = ratios["in_distribution"].astype(bool)
+    return summary.merge(ratios, on=region, how="left")
+
+
+def _x_array(value: object) -> np.ndarray:
+    return np.atleast_1d(np.asarray(list(value) if not np.isscalar(value) else [value], dtype=float))
+
+
+def named_points(points: pd.DataFrame) -> pd.DataFrame:
+    """The test points the paper reports on, found by their inputs: experiment, complexity, point_id, label
+    and ``order`` (the paper's order of the labels)."""
+    from ursa_ray.data.synthetic_regression import named_points as named_inputs
+
+    if "x" not in points.columns:
+        return pd.DataFrame(columns=["experiment", "complexity", "point_id", "label", "order"])
+    rows = []
+    unique = points.drop_duplicates(["experiment", "complexity", "point_id"])
+    for (experiment, complexity), group in unique.groupby(["experiment", "complexity"]):
+        try:
+            wanted = named_inputs(str(experiment), float(complexity))
+        except (KeyError, ValueError):
+            continue
+        xs = [_x_array(v) for v in group["x"]]
+        for label, target in wanted.items():
+            for point_id, x in zip(group["point_id"], xs):
+                if x.shape == target.shape and np.allclose(x, target, atol=NAMED_TOLERANCE, rtol=0):
+                    rows.append((experiment, float(complexity), int(point_id), label, len(rows)))
+                    break
+    return pd.DataFrame(rows, columns=["experiment", "complexity", "point_id", "label", "order"])
+
+
+def named_point_table(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
+    """:func:`coverage_table` restricted to the named points, with their ``label``."""
+    labels = named_points(points)
+    if labels.empty:
+        return labels
+    table = coverage_table(points, anchor).merge(labels, on=["experiment", "complexity", "point_id"])
+    first = table.groupby("label")["order"].transform("min")
+    return table.assign(order=first).sort_values(["experiment", "order", "complexity"]).reset_index(drop=True)
+
+
+def _pm(value: float, se: float, digits: int = 3) -> str:
+    from analysis.tables import format_number
+
+    if isinstance(value, float) and math.isnan(value):
+        return "-"
+    return f"{format_number(float(value), digits)} ± {format_number(float(se), digits)}"
+
+
+def _method_order(methods: list[str], anchor: str = ANCHOR) -> list[str]:
+    return ([anchor] if anchor in methods else []) + sorted(m for m in methods if m != anchor)
+
+
+def regression_markdown(points: pd.DataFrame, anchor: str = ANCHOR) -> str:
+    """Coverage tables as markdown: per experiment, the in-distribution / OOD summary and the named points."""
+    from analysis.tables import markdown_table
+
+    if points.empty:
+        return "no regression points"
+    out = [
+        f"Deviation |mean − truth|, uncertainty (std) and coverage (share of repetitions with "
+        f"|mean − truth| ≤ {Z}·std; ideal 0.95) as mean ± standard error over repetitions. "
+        f"`ratio` is the uncertainty divided by the anchor's ({anchor}); `below` flags an uncertainty below "
+        f"the anchor's (then the prediction is biased or the uncertainty too small)."
+    ]
+    summary = coverage_summary(points, anchor)
+    named = named_point_table(points, anchor)
+    order = {m: i for i, m in enumerate(_method_order(list(points["method"].unique()), anchor))}
+    for experiment in sorted(summary["experiment"].unique()):
+        s = summary[summary["experiment"] == experiment].copy()
+        s["_o"] = s["method"].map(order)
+        s = s.sort_values(["complexity", "in_distribution", "_o"], ascending=[True, False, True])
+        rows = pd.DataFrame({
+            "complexity": s["complexity"].map(lambda c: f"{c:g}"),
+            "region": s["in_distribution"].map({True: "in-dist", False: "OOD"}),
+            "method": s["method"],
+            "k": s["k"].astype(int).astype(str),
+            "deviation": [_pm(a, b) for a, b in zip(s["deviation"], s["deviation_se"])],
+            "uncertainty": [_pm(a, b) for a, b in zip(s["uncertainty"], s["uncertainty_se"])],
+            "coverage": [_pm(a, b) for a, b in zip(s["coverage"], s["coverage_se"])],
+            "ratio": s["uncertainty_ratio"].astype(float),
+            "share below": s["share_below_anchor"].astype(float),
+        })
+        out += ["", f"### {experiment}: averages over in-distribution and OOD test points", "",
+                markdown_table(rows, index=False)]
+        if not named.empty and (named["experiment"] == experiment).any():
+            n = named[named["experiment"] == experiment].copy()
+            n["_o"] = n["method"].map(order)
+            n = n.sort_values(["order", "complexity", "_o"])
+            rows = pd.DataFrame({
+                "point": n["label"] + n["in_distribution"].map({True: " (in-dist)", False: " (OOD)"}),
+                "complexity": n["complexity"].map(lambda c: f"{c:g}"),
+                "method": n["method"],
+                "deviation": [_pm(a, b) for a, b in zip(n["deviation"], n["deviation_se"])],
+                "uncertainty": [_pm(a, b) for a, b in zip(n["uncertainty"], n["uncertainty_se"])],
+                "coverage": [_pm(a, b) for a, b in zip(n["coverage"], n["coverage_se"])],
+                "ratio": n["uncertainty_ratio"].astype(float),
+                "below": n["below_anchor"].map({True: "yes", False: ""}),
+            })
+            out += ["", f"### {experiment}: named test points", "", markdown_table(rows, index=False)]
+    return "\n".join(out)

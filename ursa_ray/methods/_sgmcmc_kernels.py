@@ -1,0 +1,106 @@
+"""Shared machinery of the stochastic-gradient MCMC samplers (``sgmcmc.py``).
+
+* :class:`FlatModel` re-seats a network's parameters and gradients as views into two flat vectors, so
+  that every sampler update is a handful of in-place operations on one contiguous tensor (no per-layer
+  Python loop, no temporaries).
+* :class:`GaussianNoise` fills one preallocated buffer with N(0, I) draws from a generator of its own on
+  the parameters' device, seeded from the problem's generator (reproducible per seed; it leaves the
+  problem's generator to the mini-batch order).
+* :func:`langevin_noise_std` is the single place where the injected-noise scale is computed.
+* The step-size schedules: constant, URSABench's cosine annealing to lr/2, and the cyclical cosine of
+  Zhang et al. (2020).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class FlatModel:
+    """The parameters of ``model`` (in ``model.parameters()`` order, the order of
+    :func:`~ursa_ray.methods.base.flat_parameters`) stored in one vector ``theta``, their gradients in
+    ``grad``.  After construction ``p.data`` and ``p.grad`` of every parameter are views into these, and
+    backward passes accumulate into ``grad`` in place (call :meth:`zero_grad`, not ``model.zero_grad``)."""
+
+    def __init__(self, model: nn.Module):
+        params = list(model.parameters())
+        if not params:
+            raise ValueError(f"{type(model).__name__} has no parameters to sample")
+        dtype, device = params[0].dtype, params[0].device
+        if any(p.dtype != dtype or p.device != device for p in params):
+            raise ValueError("all parameters must share one dtype and device")
+        n = sum(p.numel() for p in params)
+        self.model = model
+        self.params = params
+        self.theta = torch.empty(n, dtype=dtype, device=device)
+        self.grad = torch.zeros(n, dtype=dtype, device=device)
+        offset = 0
+        with torch.no_grad():
+            for p in params:
+                k = p.numel()
+                self.theta[offset : offset + k].copy_(p.reshape(-1))
+                p.data = self.theta[offset : offset + k].view_as(p)
+                p.grad = self.grad[offset : offset + k].view_as(p)
+                offset += k
+        self._grad_ptrs = [p.grad.data_ptr() for p in params]
+
+    @property
+    def n(self) -> int:
+        return self.theta.numel()
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+
+    def check_grad_views(self) -> None:
+        """Verify autograd accumulated into the flat gradient (it does, in place, when ``.grad`` exists)."""
+        if any(p.grad is None or p.grad.data_ptr() != ptr for p, ptr in zip(self.params, self._grad_ptrs)):
+            raise RuntimeError("autograd replaced a parameter's .grad; the flat gradient view is broken")
+
+    def check_finite(self, loss: Tensor, where: str) -> None:
+        """Raise FloatingPointError when the loss or any parameter is NaN or infinite."""
+        if not bool(torch.isfinite(loss)):
+            raise FloatingPointError(f"loss became {loss.item()} {where}")
+        if not bool(torch.isfinite(self.theta).all()):
+            raise FloatingPointError(f"parameters became non-finite {where}")
+
+
+class GaussianNoise:
+    """Standard normal vectors of length ``n``, written into one reused buffer."""
+
+    def __init__(self, like: Tensor, seed_from: torch.Generator):
+        seed = int(torch.randint(0, 2**62, (1,), generator=seed_from))
+        self.generator = torch.Generator(device=like.device)
+        self.generator.manual_seed(seed)
+        self.buffer = torch.empty_like(like)
+
+    def draw(self) -> Tensor:
+        """A fresh N(0, I) draw; valid until the next call."""
+        return self.buffer.normal_(generator=self.generator)
+
+
+def langevin_noise_std(step: float, temperature: float, friction: float = 1.0) -> float:
+    """Standard deviation √(2·friction·η·T) of the noise injected per step of size η on U(θ).
+
+    SGLD uses friction 1 (θ gets √(2ηT)·ξ); SGHMC in the (η, α) form gets √(2αηT)·ξ on the velocity.
+    With the per-example learning rate ``lr`` of :mod:`ursa_ray.methods.sgmcmc`, η = lr / N, so the
+    variance is 2·α·lr·T / N -- not (√(2·α·lr) / N)², URSABench's effective temperature of 1/N.
+    """
+    return math.sqrt(2.0 * friction * step * temperature)
+
+
+def constant_lr(lr: float, step: int, total: int) -> float:
+    return lr
+
+
+def cosine_lr(lr: float, step: int, total: int) -> float:
+    """URSABench's cosine option (CosineAnnealingLR with eta_min = lr/2), per step over the whole run:
+    lr_k = lr/2 + (lr/2)·(1 + cos(π k / K)) / 2 for k = 0, ..., K-1."""
+    return 0.5 * lr + 0.25 * lr * (1.0 + math.cos(math.pi * step / total))
+
+
+def cyclical_lr(lr0: float, step: int, cycle_length: int) -> float:
+    """Zhang et al. (2020): α_k = (lr0/2)·(cos(π·mod(k−1, C)/C) + 1), C = ⌈K/M⌉; here ``step`` = k − 1."""
+    return 0.5 * lr0 * (math.cos(math.pi * (step % cycle_length) / cycle_length) + 1.0)

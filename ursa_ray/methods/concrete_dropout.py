@@ -1,0 +1,153 @@
+"""Concrete dropout (Gal, Hron & Kendall 2017): dropout whose per-layer rate p is learned.
+
+The method takes the network from ``problem.make_model()`` and replaces each of its ``nn.Dropout``
+slots by a :class:`ConcreteDropout` module that drops the inputs of the next weight layer.  During
+training the Bernoulli mask is replaced by its concrete (relaxed Bernoulli) version,
+
+    z̃ = sigmoid((log p − log(1 − p) + log u − log(1 − u)) / t),   u ~ U(0, 1),   x ← x (1 − z̃) / (1 − p),
+
+so the loss is differentiable in p (temperature t = 0.1 by default).  The objective per training example is
+the negative ELBO: −mean log p(y|x,θ) + KL/N, with Gal's approximation for a layer whose K inputs are
+dropped with rate p and whose weights W follow the N(0, 1/l²) prior,
+
+    KL ≈ (l² / 2) ‖W‖² / (1 − p) − K H(p),   H(p) = −p log p − (1 − p) log(1 − p);
+
+weights of layers without a dropout slot get (l²/2)‖W‖².  Posterior samples are stochastic forward passes
+with exact Bernoulli(p) masks at the learned rates.  ``stats`` records the learned rates (``cd_p_mean``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ursa_ray.methods.base import Hyperparameter, Predictor, Problem
+from ursa_ray.regression.training import ADAM_HYPERPARAMETERS, replace_module, train_adam
+
+_EPS = 1e-7
+_WEIGHT_LAYERS = (nn.Linear, nn.modules.conv._ConvNd)
+
+
+class ConcreteDropout(nn.Module):
+    """Dropout with a learned rate p = sigmoid(p_logit); concrete relaxation in training, Bernoulli when
+    sampling.  ``in_features`` (K of the regulariser) is read from the first input if not given."""
+
+    def __init__(self, init_p: float, temperature: float, in_features: int | None = None) -> None:
+        super().__init__()
+        self.p_logit = nn.Parameter(torch.tensor(math.log(init_p) - math.log1p(-init_p)))
+        self.temperature = temperature
+        self.in_features = in_features
+        self.stochastic = True
+
+    @property
+    def p(self) -> Tensor:
+        return torch.sigmoid(self.p_logit)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.in_features is None:
+            self.in_features = int(x.shape[1]) if x.ndim > 1 else 1
+        if not self.stochastic:
+            return x
+        p = self.p
+        if self.training:
+            u = torch.rand_like(x)
+            drop = torch.sigmoid(
+                (torch.log(p + _EPS) - torch.log1p(-p + _EPS) + torch.log(u + _EPS) - torch.log1p(-u + _EPS))
+                / self.temperature
+            )
+        else:
+            drop = (torch.rand_like(x) < p).to(x.dtype)
+        return x * (1.0 - drop) / (1.0 - p)
+
+    def entropy(self) -> Tensor:
+        p = self.p.clamp(_EPS, 1 - _EPS)
+        return -(p * torch.log(p) + (1 - p) * torch.log1p(-p))
+
+
+def install_concrete_dropout(
+    model: nn.Module, init_p: float, temperature: float
+) -> list[tuple[ConcreteDropout | None, nn.Module]]:
+    """Replace every dropout slot of ``model`` by :class:`ConcreteDropout`.
+
+    Returns (dropout, weight layer) pairs: each concrete dropout with the first weight layer (Linear or
+    convolution) after it in module order, and (None, layer) for weight layers with no dropout in front.
+    """
+    leaves = [(name, m) for name, m in model.named_modules() if not list(m.children())]
+    pending: ConcreteDropout | None = None
+    pairs: list[tuple[ConcreteDropout | None, nn.Module]] = []
+    found = False
+    for name, module in leaves:
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            found = True
+            pending = ConcreteDropout(init_p, temperature)
+            replace_module(model, name, pending)
+        elif isinstance(module, _WEIGHT_LAYERS):
+            if pending is not None:
+                pending.in_features = module.in_features if isinstance(module, nn.Linear) else module.in_channels
+            pairs.append((pending, module))
+            pending = None
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no dropout layers, so concrete dropout cannot apply")
+    if pending is not None:  # a dropout slot after the last weight layer: rate and entropy only
+        pairs.append((pending, nn.Identity()))
+    return pairs
+
+
+def concrete_regulariser(
+    pairs: list[tuple[ConcreteDropout | None, nn.Module]], model: nn.Module, length_scale: float, n_train: int
+) -> Tensor:
+    """KL/N of Gal et al.'s approximation (see the module docstring)."""
+    covered: set[int] = set()
+    total = torch.zeros((), device=next(model.parameters()).device)
+    half_l2 = 0.5 * length_scale**2
+    for dropout, layer in pairs:
+        sq = sum((w**2).sum() for w in layer.parameters())
+        covered.update(id(w) for w in layer.parameters())
+        if dropout is None:
+            total = total + half_l2 * sq
+        else:
+            total = total + half_l2 * sq / (1 - dropout.p) - (dropout.in_features or 1) * dropout.entropy()
+    dropout_params = {id(d.p_logit) for d, _ in pairs if d is not None}
+    for w in model.parameters():
+        if id(w) not in covered and id(w) not in dropout_params:
+            total = total + half_l2 * (w**2).sum()
+    return total / n_train
+
+
+class ConcreteDropoutMethod:
+    name = "concrete_dropout"
+    description = "concrete dropout: MC dropout with per-layer rates learned through the concrete relaxation"
+    hyperparameters = ADAM_HYPERPARAMETERS + (
+        Hyperparameter("init_p", float, 0.1, "initial dropout rate of every layer", low=1e-4, high=0.9),
+        Hyperparameter("temperature", float, 0.1, "temperature t of the concrete relaxation", low=1e-3),
+        Hyperparameter("length_scale", float, 1.0, "prior length-scale l: weights ~ N(0, 1/l²)", low=0.0),
+        Hyperparameter("n_samples", int, 50, "stochastic forward passes", low=1),
+    )
+
+    def sample_posterior(
+        self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+    ) -> Iterator[Predictor]:
+        model = problem.make_model()
+        pairs = install_concrete_dropout(model, config["init_p"], config["temperature"])
+        model.to(problem.device)
+        # A first pass fixes the K of any dropout slot that is not in front of a known weight layer.
+        with torch.no_grad():
+            model(problem.x[:2])
+        train_adam(
+            model, problem, config, stats,
+            lambda progress: concrete_regulariser(pairs, model, config["length_scale"], problem.n_train),
+        )
+        rates = [float(d.p.detach()) for d, _ in pairs if d is not None]
+        stats["cd_p_mean"] = sum(rates) / len(rates)
+        stats["cd_p_max"] = max(rates)
+        model.eval()  # Bernoulli masks at the learned rates; batch norm (if any) in evaluation mode
+        for s in range(config["n_samples"]):
+            stats["n_samples"] = s + 1
+            yield model
+
+
+METHODS = (ConcreteDropoutMethod(),)

@@ -1,0 +1,251 @@
+"""Stochastic-gradient MCMC: SGLD, SGHMC and their cyclical variants cSGLD and cSGHMC.
+
+Target.  The (tempered) posterior π_T(θ) ∝ exp(−U(θ)/T) with the full-data potential
+
+    U(θ) = −Σ_{i=1..N} log p(y_i | x_i, θ) − log N(θ; 0, prior_std² I),
+
+estimated on a mini-batch B by Ũ(θ) = −(N/|B|) Σ_{i∈B} log p(y_i | x_i, θ) + ‖θ‖² / (2 prior_std²)
+(the likelihood scaled by N, as :func:`~ursa_ray.methods.base.minibatch_log_posterior`).  T = 1 is the
+true posterior; T < 1 sharpens it (variance × T for a Gaussian posterior); T = 0 switches the noise off.
+
+Step size.  ``lr`` is the *per-example* learning rate, the scale of SGD on the mean loss and of
+URSABench's published settings.  The step on U is η = lr / N, so η∇Ũ = lr·∇[−mean_B log p] +
+(lr / (N prior_std²))·θ, which is how the update is computed (one backward pass of the mean loss and
+the prior's gradient added analytically).
+
+Updates (ξ ~ N(0, I) fresh every step):
+
+* SGLD (Welling & Teh 2011):     θ ← θ − η∇Ũ(θ) + √(2ηT)·ξ
+* SGHMC (Chen et al. 2014), in the (η, α) form of their §3.3 with friction α and no gradient-noise
+  estimate (β̂ = 0):              v ← (1 − α)·v − η∇Ũ(θ) + √(2αηT)·ξ;   θ ← θ + v,   v₀ = 0.
+  With an explicit mass M, friction C and time step ε this is η = ε²/M, α = εC/M, v = (ε/M)·r.
+  Starting from v₀ = 0 the first step is a plain gradient step plus noise (downhill in expectation).
+  URSABench's faults -- noise never added, noise scaled √(2αη)/N, a first SGHMC step moving uphill --
+  each have a test in ``tests/test_sgmcmc.py``.
+* cSGLD / cSGHMC (Zhang et al. 2020): the same updates with the cyclical cosine step size
+  α_k = (lr/2)·(cos(π·mod(k−1, ⌈K/M⌉)/⌈K/M⌉) + 1) over K = M·epochs_per_cycle·⌈N/B⌉ steps, M cycles.
+  Within a cycle, steps with mod(k−1, C)/C < ``exploration`` are noise-free (SGD, or SGD with momentum
+  1 − α); the rest sample.  ``samples_per_cycle`` samples are taken at the end of each cycle, one per
+  epoch (closer together if the sampling stage is shorter than that), the last at the cycle's last step.
+
+Samples.  SGLD/SGHMC run ``epochs`` epochs in all, the first ``burn_in_epochs`` of them burn-in, and
+take exactly ``n_samples`` samples evenly spaced over the remaining steps, the last at the final step
+(with 1 sample per epoch when epochs = burn_in_epochs + n_samples, URSABench's setting).  Each sample is
+the live network (a view: consumed before the next step).  ``stats`` gets ``n_samples`` and
+``grad_evals`` (mini-batch gradient evaluations so far).  A non-finite loss or parameter raises
+FloatingPointError (checked before every sample and at the end of every epoch, or of every few epochs
+when they are shorter than 32 steps).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ursa_ray.methods._sgmcmc_kernels import (
+    FlatModel,
+    GaussianNoise,
+    constant_lr,
+    cosine_lr,
+    cyclical_lr,
+    langevin_noise_std,
+)
+from ursa_ray.methods.base import Hyperparameter, Predictor, Problem
+
+
+def _common(lr: float, prior_std: float) -> tuple[Hyperparameter, ...]:
+    return (
+        Hyperparameter(
+            "lr", float, lr, "per-example step size: the step on the N-scaled potential U is lr / N", low=0.0
+        ),
+        Hyperparameter("prior_std", float, prior_std, "std of the Gaussian prior N(0, prior_std² I)", low=1e-6),
+        Hyperparameter(
+            "temperature", float, 1.0, "posterior temperature T (1 = Bayes posterior, 0 = no noise)", low=0.0
+        ),
+        Hyperparameter("batch_size", int, 128, "mini-batch size", low=1),
+    )
+
+
+def _alpha(default: float) -> Hyperparameter:
+    return Hyperparameter(
+        "alpha", float, default, "friction α: the velocity keeps (1 − α) per step", low=1e-4, high=1.0
+    )
+
+
+def _chain(schedule_default: str) -> tuple[Hyperparameter, ...]:
+    return (
+        Hyperparameter("epochs", int, 150, "epochs in all, burn-in included", low=1),
+        Hyperparameter("burn_in_epochs", int, 50, "epochs before the first sample", low=0),
+        Hyperparameter(
+            "n_samples", int, 100, "samples, evenly spaced over the post-burn-in steps (last at the end)", low=1
+        ),
+        Hyperparameter(
+            "schedule",
+            str,
+            schedule_default,
+            "step size: constant, or cosine annealing from lr to lr/2 over the run (URSABench)",
+            choices=("constant", "cosine"),
+        ),
+    )
+
+
+def _cycles(epochs_per_cycle: int, samples_per_cycle: int) -> tuple[Hyperparameter, ...]:
+    return (
+        Hyperparameter("n_cycles", int, 10, "cycles M of the cyclical step size", low=1),
+        Hyperparameter("epochs_per_cycle", int, epochs_per_cycle, "epochs per cycle", low=1),
+        Hyperparameter(
+            "exploration", float, 0.8, "fraction of each cycle run noise-free (exploration stage)", low=0.0, high=0.99
+        ),
+        Hyperparameter(
+            "samples_per_cycle", int, samples_per_cycle, "samples taken at the end of each cycle", low=1
+        ),
+    )
+
+
+class _SGMCMC:
+    """One class for the four samplers; ``momentum`` selects SGHMC, ``cyclical`` the cSG variants."""
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        hyperparameters: tuple[Hyperparameter, ...],
+        *,
+        momentum: bool,
+        cyclical: bool,
+    ):
+        self.name = name
+        self.description = description
+        self.hyperparameters = hyperparameters
+        self.momentum = momentum
+        self.cyclical = cyclical
+
+    def plan(
+        self, n_train: int, config: Mapping[str, Any]
+    ) -> tuple[int, Callable[[int], float], Callable[[int], bool], list[int]]:
+        """(total steps, step → lr, step → noisy?, sorted 1-based steps after which a sample is taken)."""
+        steps_per_epoch = math.ceil(n_train / config["batch_size"])
+        lr = config["lr"]
+        if not self.cyclical:
+            epochs, burn_in, n = config["epochs"], config["burn_in_epochs"], config["n_samples"]
+            if burn_in >= epochs:
+                raise ValueError(f"burn_in_epochs ({burn_in}) must be below epochs ({epochs})")
+            total = epochs * steps_per_epoch
+            sampling = total - burn_in * steps_per_epoch
+            if n > sampling:
+                raise ValueError(f"n_samples ({n}) exceeds the {sampling} post-burn-in steps")
+            spacing = sampling // n
+            samples = [total - (n - 1 - j) * spacing for j in range(n)]
+            schedule = cosine_lr if config["schedule"] == "cosine" else constant_lr
+            return total, (lambda k: schedule(lr, k, total)), (lambda k: True), samples
+        cycle = config["epochs_per_cycle"] * steps_per_epoch
+        total = config["n_cycles"] * cycle
+        first_noisy = math.ceil(config["exploration"] * cycle)  # in-cycle index of the first sampling step
+        sampling = cycle - first_noisy
+        per_cycle = config["samples_per_cycle"]
+        if per_cycle > sampling:
+            raise ValueError(
+                f"samples_per_cycle ({per_cycle}) exceeds the {sampling} sampling steps of a cycle "
+                f"({cycle} steps, exploration {config['exploration']})"
+            )
+        spacing = min(steps_per_epoch, sampling // per_cycle)
+        samples = [
+            (c + 1) * cycle - (per_cycle - 1 - j) * spacing
+            for c in range(config["n_cycles"])
+            for j in range(per_cycle)
+        ]
+        return total, (lambda k: cyclical_lr(lr, k, cycle)), (lambda k: k % cycle >= first_noisy), samples
+
+    def sample_posterior(
+        self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+    ) -> Iterator[Predictor]:
+        total, lr_at, noisy_at, sample_steps = self.plan(problem.n_train, config)
+        model = problem.make_model()
+        flat = FlatModel(model)
+        theta, grad = flat.theta, flat.grad
+        noise = GaussianNoise(theta, problem.generator)
+        velocity = torch.zeros_like(theta) if self.momentum else None
+        alpha = config["alpha"] if self.momentum else 1.0
+        n_train = problem.n_train
+        decay = 1.0 / (n_train * config["prior_std"] ** 2)  # prior gradient θ/σ² times η = lr/N, per unit lr
+        temperature = config["temperature"]
+        log_prob = problem.likelihood.log_prob
+        stats["n_samples"] = 0
+        stats["grad_evals"] = 0.0
+
+        step = 0
+        next_sample = 0
+        checked = 0  # step of the last finiteness check
+        epochs = total // math.ceil(n_train / config["batch_size"])
+        model.train()
+        for epoch in range(epochs):
+            for xb, yb in problem.minibatches(config["batch_size"]):
+                lr = lr_at(step)
+                sigma = langevin_noise_std(lr / n_train, temperature, alpha) if noisy_at(step) else 0.0
+                with torch.enable_grad():
+                    loss = -log_prob(model(xb), yb).mean()
+                    flat.zero_grad()
+                    loss.backward()
+                if step == 0:
+                    flat.check_grad_views()
+                with torch.no_grad():
+                    if velocity is None:
+                        # θ ← θ − η∇Ũ + √(2ηT)ξ with η = lr/N
+                        theta.mul_(1.0 - lr * decay).add_(grad, alpha=-lr)
+                        if sigma > 0.0:
+                            theta.add_(noise.draw(), alpha=sigma)
+                    else:
+                        # v ← (1−α)v − η∇Ũ + √(2αηT)ξ ;  θ ← θ + v
+                        velocity.mul_(1.0 - alpha).add_(grad, alpha=-lr).add_(theta, alpha=-lr * decay)
+                        if sigma > 0.0:
+                            velocity.add_(noise.draw(), alpha=sigma)
+                        theta.add_(velocity)
+                step += 1
+                if next_sample < len(sample_steps) and step == sample_steps[next_sample]:
+                    flat.check_finite(loss.detach(), f"at step {step} (epoch {epoch + 1})")
+                    checked = step
+                    next_sample += 1
+                    stats["n_samples"] = next_sample
+                    stats["grad_evals"] = float(step)
+                    model.eval()
+                    yield model
+                    model.train()
+            if step - checked >= 32 or epoch == epochs - 1:  # every epoch, unless epochs are tiny
+                flat.check_finite(loss.detach(), f"in epoch {epoch + 1}")
+                checked = step
+        stats["grad_evals"] = float(step)
+
+
+METHODS = (
+    _SGMCMC(
+        "sgld",
+        "SGLD (Welling & Teh 2011): θ ← θ − η∇Ũ + √(2ηT)ξ, η = lr/N; samples after burn-in",
+        _common(lr=0.1, prior_std=0.17) + _chain("constant"),
+        momentum=False,
+        cyclical=False,
+    ),
+    _SGMCMC(
+        "sghmc",
+        "SGHMC (Chen et al. 2014): v ← (1−α)v − η∇Ũ + √(2αηT)ξ, θ ← θ + v; samples after burn-in",
+        _common(lr=0.03, prior_std=0.14) + (_alpha(0.1),) + _chain("cosine"),
+        momentum=True,
+        cyclical=False,
+    ),
+    _SGMCMC(
+        "csgld",
+        "cyclical SGLD (Zhang et al. 2020): cosine step-size cycles, SGD exploration then SGLD sampling",
+        _common(lr=0.06, prior_std=0.18) + _cycles(epochs_per_cycle=21, samples_per_cycle=3),
+        momentum=False,
+        cyclical=True,
+    ),
+    _SGMCMC(
+        "csghmc",
+        "cyclical SGHMC (Zhang et al. 2020): cosine step-size cycles, momentum-SGD exploration then SGHMC",
+        _common(lr=0.07, prior_std=0.33) + (_alpha(0.21),) + _cycles(epochs_per_cycle=22, samples_per_cycle=4),
+        momentum=True,
+        cyclical=True,
+    ),
+)

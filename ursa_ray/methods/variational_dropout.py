@@ -1,0 +1,109 @@
+"""Variational dropout with learned noise (Kingma, Salimans & Welling 2015; Molchanov, Ashukha & Vetrov 2017).
+
+Every weight gets multiplicative Gaussian noise, w = θ (1 + √α ε), ε ~ N(0, 1), with its own learned
+α = σ²/θ² (log σ² is the free parameter; log α is clipped to [−10, 10]).  The method takes the network
+from ``problem.make_model()`` and wraps each of its ``nn.Linear`` layers in a :class:`VariationalLinear`
+(dropout slots are left at rate 0).  Forward passes use the local reparameterisation trick: a layer's
+pre-activations are sampled as b ~ N(x θᵀ + bias, x² (α θ²)ᵀ), independently per example.
+
+The objective per training example is −mean log p(y|x,θ) + β · KL/N with Molchanov et al.'s approximation
+of the KL to the log-uniform prior,
+
+    −KL(q(w_ij) ‖ p(w_ij)) ≈ k₁ σ(k₂ + k₃ log α) − ½ log(1 + 1/α) − k₁,
+    k₁ = 0.63576, k₂ = 1.87320, k₃ = 1.48695,
+
+with β ramped linearly from 0 to ``kl_weight`` over the first ``kl_warmup`` share of training.  Posterior
+samples are stochastic forward passes (fresh noise for every call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ursa_ray.methods.base import Hyperparameter, Predictor, Problem
+from ursa_ray.regression.training import ADAM_HYPERPARAMETERS, replace_module, train_adam
+
+K1, K2, K3 = 0.63576, 1.87320, 1.48695
+LOG_ALPHA_CLIP = 10.0
+
+
+class VariationalLinear(nn.Module):
+    """A Linear layer with per-weight Gaussian multiplicative noise of learned variance."""
+
+    def __init__(self, linear: nn.Linear, init_log_sigma2: float) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = nn.Parameter(linear.weight.detach().clone())
+        self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
+        self.log_sigma2 = nn.Parameter(torch.full_like(self.weight, init_log_sigma2))
+        self.stochastic = True
+
+    @property
+    def log_alpha(self) -> Tensor:
+        return torch.clamp(self.log_sigma2 - torch.log(self.weight**2 + 1e-8), -LOG_ALPHA_CLIP, LOG_ALPHA_CLIP)
+
+    def forward(self, x: Tensor) -> Tensor:
+        mean = F.linear(x, self.weight, self.bias)
+        if not self.stochastic:
+            return mean
+        var = F.linear(x * x, torch.exp(self.log_alpha) * self.weight**2)
+        return mean + torch.sqrt(var + 1e-8) * torch.randn_like(mean)
+
+    def kl(self) -> Tensor:
+        la = self.log_alpha
+        neg_kl = K1 * torch.sigmoid(K2 + K3 * la) - 0.5 * F.softplus(-la) - K1
+        return -neg_kl.sum()
+
+
+def install_variational_linear(model: nn.Module, init_log_sigma2: float) -> list[VariationalLinear]:
+    """Wrap every ``nn.Linear`` of ``model`` in a :class:`VariationalLinear` (in place)."""
+    names = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not names:
+        raise ValueError(f"{type(model).__name__} has no Linear layers, so variational dropout cannot apply")
+    layers = []
+    for name in names:
+        layer = VariationalLinear(model.get_submodule(name), init_log_sigma2)
+        replace_module(model, name, layer)
+        layers.append(layer)
+    return layers
+
+
+class VariationalDropoutMethod:
+    name = "variational_dropout"
+    description = "variational dropout: per-weight Gaussian multiplicative noise with learned alpha (sparse VD KL)"
+    hyperparameters = ADAM_HYPERPARAMETERS + (
+        Hyperparameter("init_log_sigma2", float, -10.0, "initial log σ² of every weight's noise", high=0.0),
+        Hyperparameter("kl_weight", float, 1.0, "β, the weight of the KL term (1 = the ELBO)", low=0.0),
+        Hyperparameter("kl_warmup", float, 0.2, "share of training over which β ramps up from 0", low=0.0, high=1.0),
+        Hyperparameter("n_samples", int, 50, "stochastic forward passes", low=1),
+    )
+
+    def sample_posterior(
+        self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+    ) -> Iterator[Predictor]:
+        model = problem.make_model()
+        layers = install_variational_linear(model, config["init_log_sigma2"])
+        model.to(problem.device)
+        warmup, beta = config["kl_warmup"], config["kl_weight"]
+
+        def regulariser(progress: float) -> Tensor:
+            ramp = 1.0 if warmup == 0 else min(1.0, progress / warmup)
+            return beta * ramp * sum(layer.kl() for layer in layers) / problem.n_train
+
+        train_adam(model, problem, config, stats, regulariser)
+        with torch.no_grad():
+            log_alpha = torch.cat([layer.log_alpha.reshape(-1) for layer in layers])
+        stats["vd_log_alpha_mean"] = float(log_alpha.mean())
+        stats["vd_sparsity"] = float((log_alpha > 3).double().mean())  # share of weights Molchanov would prune
+        model.eval()
+        for s in range(config["n_samples"]):
+            stats["n_samples"] = s + 1
+            yield model
+
+
+METHODS = (VariationalDropoutMethod(),)

@@ -1,0 +1,51 @@
+"""Rows of ``points.parquet``: one per (trial, test point) of a regression trial.
+
+Columns (the contract the analysis relies on): trial_id, method (the grid label), experiment (dataset
+name), complexity (float), repetition (int, the trial seed), point_id (int, index into the test set),
+x (list of floats), in_distribution (bool), truth (noise-free G(x*)ᵀγ), mean, std (the predictive mean
+and epistemic standard deviation).  The anchor's rows carry method = ``"blr"``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ursa_ray.regression.anchor import anchor_for_dataset
+
+POINT_COLUMNS = (
+    "trial_id", "method", "experiment", "complexity", "repetition", "point_id", "x", "in_distribution",
+    "truth", "mean", "std",
+)
+ANCHOR_METHOD = "blr"
+
+
+def points_frame(dataset, mean, std, *, method: str, complexity: float, repetition: int, trial_id: str) -> pd.DataFrame:
+    """The rows of one trial: ``mean`` and ``std`` (length M) at ``dataset.test_x``."""
+    mean = np.asarray(mean, dtype=np.float64).reshape(-1)
+    std = np.asarray(std, dtype=np.float64).reshape(-1)
+    x = dataset.test_x.detach().cpu().double().reshape(len(dataset.test_x), -1).numpy()
+    if mean.shape[0] != x.shape[0] or std.shape[0] != x.shape[0]:
+        raise ValueError(f"{x.shape[0]} test points but mean/std of length {mean.shape[0]}/{std.shape[0]}")
+    inside = dataset.test_info.get("in_distribution")
+    inside = np.ones(len(x), bool) if inside is None else inside.detach().cpu().numpy().astype(bool)
+    return pd.DataFrame({
+        "trial_id": trial_id,
+        "method": method,
+        "experiment": dataset.name,
+        "complexity": float(complexity),
+        "repetition": int(repetition),
+        "point_id": np.arange(len(x), dtype=np.int64),
+        "x": [row.tolist() for row in x],
+        "in_distribution": inside,
+        "truth": dataset.test_y.detach().cpu().double().reshape(-1).numpy(),
+        "mean": mean,
+        "std": std,
+    }, columns=list(POINT_COLUMNS))
+
+
+def anchor_points(dataset, *, complexity: float, repetition: int, trial_id: str) -> pd.DataFrame:
+    """The anchor's (``blr``) rows for one repetition of one (experiment, complexity)."""
+    mean, std = anchor_for_dataset(dataset)
+    return points_frame(dataset, mean, std, method=ANCHOR_METHOD, complexity=complexity,
+                        repetition=repetition, trial_id=trial_id)
