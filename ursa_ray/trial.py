@@ -217,46 +217,15 @@ def _gaussian_nll(pred: RegressionPredictive, y: np.ndarray, noise_std: float) -
 
 def _points(spec: Mapping[str, Any], ds: data.base.Dataset, pred: RegressionPredictive) -> list[dict[str, Any]]:
     """Per-test-point rows for the method and for the exact anchor model (method "blr")."""
-    from ursa_ray.regression.anchor import anchor_predictive
+    from ursa_ray.regression.points import anchor_points, points_frame
 
-    x = ds.test_x.reshape(len(ds.test_x), -1).numpy().astype(float)
-    truth = ds.test_y.numpy().astype(float).reshape(-1)
-    in_dist = ds.test_info["in_distribution"].numpy().astype(bool)
-    rows = []
-    common = {
-        "experiment": spec["dataset"],
-        "complexity": float(spec["complexity"]) if spec["complexity"] is not None else math.nan,
-        "repetition": int(spec["seed"]),
-    }
-    tables = [(spec["trial_id"], spec["label"], pred.mean, pred.std)]
+    complexity = float(spec["complexity"]) if spec["complexity"] is not None else math.nan
+    where = {"complexity": complexity, "repetition": int(spec["seed"])}
+    frames = [points_frame(ds, pred.mean, pred.std, method=spec["label"], trial_id=spec["trial_id"], **where)]
     if ds.feature_map is not None:
-        anchor_mean, anchor_std = anchor_predictive(
-            ds.feature_map(ds.train_x), ds.train_y, ds.feature_map(ds.test_x), float(ds.noise_std)
-        )
-        anchor_id = f"blr-{spec['dataset']}-c{common['complexity']:g}-s{spec['seed']}"
-        tables.append((anchor_id, "blr", _numpy(anchor_mean), _numpy(anchor_std)))
-    for trial_id, method, mean, std in tables:
-        for i in range(len(truth)):
-            rows.append(
-                {
-                    "trial_id": trial_id,
-                    "method": method,
-                    **common,
-                    "point_id": i,
-                    "x": x[i].tolist(),
-                    "in_distribution": bool(in_dist[i]),
-                    "truth": float(truth[i]),
-                    "mean": float(mean[i]),
-                    "std": float(std[i]),
-                }
-            )
-    return rows
-
-
-def _numpy(values: Any) -> np.ndarray:
-    if isinstance(values, Tensor):
-        return values.detach().cpu().numpy().reshape(-1)
-    return np.asarray(values).reshape(-1)
+        anchor_id = f"blr-{spec['dataset']}-c{complexity:g}-s{spec['seed']}"
+        frames.append(anchor_points(ds, trial_id=anchor_id, **where))
+    return pd.concat(frames, ignore_index=True).to_dict("records")
 
 
 def _prediction_table(pred: ClassificationPredictive, labels: Tensor | None) -> pd.DataFrame:

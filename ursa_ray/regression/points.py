@@ -12,11 +12,8 @@ import numpy as np
 import pandas as pd
 
 from ursa_ray.regression.anchor import anchor_for_dataset
+from ursa_ray.results import POINT_COLUMNS
 
-POINT_COLUMNS = (
-    "trial_id", "method", "experiment", "complexity", "repetition", "point_id", "x", "in_distribution",
-    "truth", "mean", "std",
-)
 ANCHOR_METHOD = "blr"
 
 
@@ -41,7 +38,7 @@ def points_frame(dataset, mean, std, *, method: str, complexity: float, repetiti
         "truth": dataset.test_y.detach().cpu().double().reshape(-1).numpy(),
         "mean": mean,
         "std": std,
-    }, columns=list(POINT_COLUMNS))
+    }, columns=POINT_COLUMNS)
 
 
 def anchor_points(dataset, *, complexity: float, repetition: int, trial_id: str) -> pd.DataFrame:
