@@ -14,6 +14,7 @@ cell (and, for OOD metrics, kept per OOD set); a composite then averages those c
 - ``mean_rank``: for each cell and each of the composite metrics above except cost, methods are ranked
   (1 = best, ties share the mean rank); a method's mean rank averages its ranks over all (cell, metric).
 
+Only classification trials count (regression is judged against the anchor model instead).
 Cells a method lacks (failed or not run) are left out of its averages, never filled in; the ``cells``
 column says over how many cells each method was averaged, and ``complete`` is false when a method has
 fewer cells than the most complete method, so its composite is not directly comparable.
@@ -37,9 +38,12 @@ COMPOSITES = {
 RANKED = ("accuracy", "nll", "misclass_auroc", "ood_auroc", "ood_auroc_mi")
 
 
-def final_metrics(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
-    """Metric rows of final-phase trials that finished ok."""
-    ok = trials.loc[(trials["phase"] == "final") & (trials["status"] == "ok"), "trial_id"]
+def final_metrics(metrics: pd.DataFrame, trials: pd.DataFrame, task: str | None = "classification") -> pd.DataFrame:
+    """Metric rows of final-phase trials that finished ok (of one task, unless ``task`` is None)."""
+    keep = (trials["phase"] == "final") & (trials["status"] == "ok")
+    if task is not None:
+        keep &= trials["task"] == task
+    ok = trials.loc[keep, "trial_id"]
     return metrics[metrics["trial_id"].isin(ok) & (metrics["phase"] == "final")]
 
 
@@ -94,7 +98,7 @@ def better_direction() -> dict[str, str]:
 
 def per_cell_table(metrics: pd.DataFrame, trials: pd.DataFrame, metric: str, eval_set: str) -> pd.DataFrame:
     """Mean ± std over seeds of one metric on one evaluation set: rows methods, columns model/dataset."""
-    final = final_metrics(metrics, trials)
+    final = final_metrics(metrics, trials, task=None)
     rows = final[(final["metric"] == metric) & (final["eval_set"] == eval_set)]
     if rows.empty:
         return pd.DataFrame()

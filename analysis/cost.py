@@ -99,7 +99,8 @@ def cost_markdown(trials: pd.DataFrame, metrics: pd.DataFrame, figures_dir: Path
         figures.append(_plot_anytime(curves, figures_dir / "search_anytime.png"))
     scores = composite_scores(metrics, trials) if not metrics.empty else pd.DataFrame()
     if not scores.empty:
-        per_method = table.groupby("method")["total_cpu_h"].sum()
+        classification = trials[trials["task"] == "classification"]
+        per_method = classification.groupby("method")["reserved_cpu_s"].sum() / HOUR
         figures.append(_plot_pareto(scores, per_method, figures_dir / "pareto_compute.png"))
     return "\n".join(text), figures
 
@@ -124,14 +125,18 @@ def _plot_anytime(curves: dict[str, pd.DataFrame], path: Path) -> Path:
 def _plot_pareto(scores: pd.DataFrame, compute: pd.Series, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     names = [c for c in COMPOSITES if c in scores.columns and c != "s_per_sample"]
-    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.4), squeeze=False)
-    for ax, name in zip(axes[0], names, strict=True):
+    columns = min(3, len(names))
+    rows = -(-len(names) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.8 * rows), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, names):
         x = compute.reindex(scores.index)
         ax.scatter(x, scores[name])
         for method in scores.index:
-            ax.annotate(method, (x[method], scores.loc[method, name]), fontsize=7)
+            ax.annotate(method, (x[method], scores.loc[method, name]), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
-        ax.set_xlabel("search + inference CPU-hours")
+        ax.set_xlabel("search + inference CPU-hours (log)")
         ax.set_ylabel(name)
     fig.suptitle("Composite scores against total compute")
     fig.tight_layout()
