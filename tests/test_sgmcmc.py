@@ -107,7 +107,7 @@ def test_marginal_stds_match_exact_posterior(name):
 
 @pytest.mark.parametrize("name", ["sgld", "sghmc"])
 def test_temperature_half_halves_the_variance(name):
-    cold, _, cov = chain(name, 0.5)
+    cold, _, _ = chain(name, 0.5)
     hot, _, _ = chain(name, 1.0)
     ratio = cold.var(0) / hot[: len(cold)].var(0)
     assert ((ratio - 0.5).abs() < 0.05).all(), f"variance ratio T=0.5 / T=1: {ratio.tolist()}"
@@ -123,7 +123,7 @@ CYCLICAL = {
 
 @pytest.mark.parametrize("name", ["csgld", "csghmc"])
 def test_cyclical_sampling_stage_spread(name):
-    problem, mean, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=0)
+    problem, _, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=0)
     settings = dict(CYCLICAL[name])
     lr = lr_for(settings.pop("eta_lambda"), cov)
     config = dict(batch_size=128, n_cycles=200, epochs_per_cycle=25, exploration=0.3, samples_per_cycle=2)

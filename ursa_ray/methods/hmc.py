@@ -11,8 +11,9 @@ is set, ε is tuned by the dual averaging of Hoffman & Gelman (2014, Alg. 5; γ 
 doubling or halving ε until a one-step acceptance crosses 1/2 (their Alg. 4); sampling uses the averaged
 ε̄.  Every post-burn-in iteration yields one sample (the current state, repeated on rejection).
 
-The potential is evaluated with ``torch.func.functional_call`` on views of one flat parameter vector and
-differentiated by reverse mode (:func:`make_potential`); the leapfrog updates are in-place vector operations.
+The state is one flat parameter vector; the network's parameters are views of a second flat vector into
+which each evaluation copies the position (:func:`make_potential`), and the leapfrog updates are
+in-place vector operations.
 ``stats``: ``n_samples``, ``grad_evals`` (full-batch gradients), ``accept_rate`` (fraction of
 post-burn-in proposals accepted), ``burn_in_accept_rate``, ``divergences`` and the final ``step_size``.
 """
@@ -25,34 +26,41 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.func import functional_call
 
+from ursa_ray.methods._sgmcmc_kernels import FlatModel
 from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, flat_parameters, load_flat_parameters
 
 
 def make_potential(
     problem: Problem, model: torch.nn.Module, prior_std: float, temperature: float
 ) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
-    """θ ↦ (∇U(θ)/T, U(θ)/T) for the flat parameter vector θ (order of ``model.parameters()``).
+    """θ ↦ (∇U(θ)/T, U(θ)/T) for a flat parameter vector θ (order of ``model.parameters()``).
 
-    The network is evaluated by ``torch.func.functional_call`` on views of θ and differentiated with
-    ``torch.autograd.grad`` (on this CPU ``torch.func.grad_and_value`` measured ~0.6 ms more per call,
-    which matters for small models; both give the same gradient)."""
-    names = [name for name, _ in model.named_parameters()]
-    shapes = [p.shape for _, p in model.named_parameters()]
-    numels = [p.numel() for _, p in model.named_parameters()]
-    buffers = dict(model.named_buffers())
+    The parameters of ``model`` are re-seated as views of one flat vector (:class:`FlatModel`); an
+    evaluation copies θ into it, runs the network on the whole training set and back-propagates the
+    negative log-likelihood into the flat gradient, then adds the prior's θ/σ² analytically.  Measured on
+    the digits MLP (full batch, one CPU thread, best of 25 interleaved rounds) this costs 1.01× a plain
+    ``nn.Module`` forward + backward pass, against 1.10× for ``torch.func.functional_call`` on views of θ
+    with ``torch.autograd.grad`` (more with ``torch.func.grad_and_value``), so it is what HMC uses.
+    """
+    flat = FlatModel(model)
     x, y, log_prob = problem.x, problem.y, problem.likelihood.log_prob
-    prior_scale = 0.5 / prior_std**2
+    precision = 1.0 / prior_std**2
 
     def grad_and_value(theta: Tensor) -> tuple[Tensor, Tensor]:
-        theta = theta.detach().requires_grad_(True)
+        with torch.no_grad():
+            flat.theta.copy_(theta)
+        flat.zero_grad()
         with torch.enable_grad():
-            params = {n: t.view(s) for n, t, s in zip(names, theta.split(numels), shapes)}
-            outputs = functional_call(model, (params, buffers), (x,))
-            u = (prior_scale * theta.dot(theta) - log_prob(outputs, y).sum()) / temperature
-            (grad,) = torch.autograd.grad(u, theta)
-        return grad, u.detach()
+            nll = -log_prob(model(x), y).sum()
+            nll.backward()
+        with torch.no_grad():
+            grad = flat.grad.add(theta, alpha=precision)
+            value = nll.detach() + 0.5 * precision * theta.dot(theta)
+            if temperature != 1.0:
+                grad.div_(temperature)
+                value = value / temperature
+        return grad, value
 
     return grad_and_value
 

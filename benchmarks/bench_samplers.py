@@ -1,0 +1,208 @@
+"""Speed of the samplers against plain PyTorch, measured side by side in one run (ratios, no asserts).
+
+* SGLD and SGHMC epoch time ÷ a plain ``torch.optim.SGD`` epoch on the same model, batch size and data
+  (target ≤ 1.15), on (a) digits-sized data, 1437 × 64 inputs, MLP 64-200-200-10, and (b) 60,000 random
+  MNIST-sized examples, MLP 784-200-200-10.  Every run includes building the model; epochs are the same
+  ``problem.minibatches`` (shuffle + gather) for all three.
+* A plain SGD epoch ÷ the matmul floor: multiply-adds per example × N × 2 FLOP × 3 (forward, and the two
+  backward products) ÷ the dense float32 matmul rate torch reaches here (best of several 2048² products).
+  Target within 2.5×.
+* HMC full-batch gradient evaluations per second ÷ plain full-batch forward + backward passes per second
+  of the same ``nn.Module`` (target ≥ 0.9).
+* For context, the cost of one N(0, I) draw of all parameters (``normal_``), which SGLD/SGHMC pay every
+  step and plain SGD does not, and SGLD at temperature 0 (the same loop without the draw).
+
+Timings are repeated with the variants interleaved; a ratio is reported from the best (minimum) times,
+with the median-time ratio beside it, since other processes on a shared machine only ever add time.
+By default torch runs on one thread (a trial with ``cpu: 1``) and times are the process's CPU time,
+which other processes competing for the cores hardly disturb; with ``--threads N`` (N > 1) they are
+wall-clock times.
+
+    python benchmarks/bench_samplers.py [--quick] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ursa_ray.methods import get_method
+from ursa_ray.methods.base import Categorical, Problem, resolve_config
+from ursa_ray.models.mlp import build_mlp
+
+
+def make_problem(n: int, d: int, seed: int = 0) -> Problem:
+    data = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=data)
+    y = torch.randint(0, 10, (n,), generator=data)
+    generator = torch.Generator().manual_seed(seed + 1)
+
+    def make_model() -> nn.Module:
+        return build_mlp((d,), 10, [200, 200])
+
+    return Problem(
+        x=x, y=y, likelihood=Categorical(), make_model=make_model, generator=generator, device=torch.device("cpu")
+    )
+
+
+def mult_adds_per_example(model: nn.Module) -> int:
+    return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, nn.Linear))
+
+
+clock = time.process_time
+
+
+def matmul_flops_per_second(size: int = 2048, repeats: int = 5) -> float:
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = math.inf
+    for _ in range(repeats):
+        start = clock()
+        a @ b
+        best = min(best, clock() - start)
+    return 2 * size**3 / best
+
+
+def sgd_epochs(problem: Problem, epochs: int, batch_size: int) -> None:
+    """The plain PyTorch baseline: SGD on the mean cross-entropy."""
+    model = problem.make_model()
+    optimiser = torch.optim.SGD(model.parameters(), lr=1e-3)
+    model.train()
+    for _ in range(epochs):
+        for xb, yb in problem.minibatches(batch_size):
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+
+
+def sampler_epochs(name: str, problem: Problem, epochs: int, batch_size: int, temperature: float = 1.0) -> None:
+    method = get_method(name)
+    overrides = {
+        "lr": 1e-3, "epochs": epochs, "burn_in_epochs": epochs - 1, "n_samples": 1, "batch_size": batch_size,
+        "temperature": temperature,
+    }
+    if name == "sghmc":
+        overrides |= {"schedule": "constant"}
+    for _ in method.sample_posterior(problem, resolve_config(method, overrides), {}):
+        pass
+
+
+def interleaved(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    names = list(variants)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = clock()
+            variants[name]()
+            times[name].append(clock() - start)
+    return times
+
+
+def ratio_line(label: str, num: list[float], den: list[float], target: str) -> str:
+    best = min(num) / min(den)
+    median = statistics.median(num) / statistics.median(den)
+    return f"  {label:<44s} {best:6.3f}   (median {median:6.3f})   target {target}"
+
+
+def sgmcmc_section(title: str, n: int, d: int, epochs: int, repeats: int, batch_size: int, flops: float) -> None:
+    problem = make_problem(n, d)
+    model = problem.make_model()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"[{title}: N={n}, MLP {d}-200-200-10 ({n_params:,} parameters), batch {batch_size}, "
+          f"{epochs} epoch(s) per run]")
+    for name in ("sgld", "sghmc"):  # warm-up (registry import, allocator)
+        sampler_epochs(name, make_problem(min(n, 2048), d), 1, batch_size)
+    times = interleaved(
+        {
+            "sgd": lambda: sgd_epochs(problem, epochs, batch_size),
+            "sgld": lambda: sampler_epochs("sgld", problem, epochs, batch_size),
+            "sghmc": lambda: sampler_epochs("sghmc", problem, epochs, batch_size),
+            "sgld_t0": lambda: sampler_epochs("sgld", problem, epochs, batch_size, temperature=0.0),
+        },
+        repeats,
+    )
+    sgd_epoch = min(times["sgd"]) / epochs
+    floor = n * mult_adds_per_example(model) * 2 * 3 / flops
+    steps = math.ceil(n / batch_size)
+    noise = torch.empty(n_params)
+    gen = torch.Generator().manual_seed(0)
+    noise.normal_(generator=gen)
+    start = clock()
+    for _ in range(50):
+        noise.normal_(generator=gen)
+    draw = (clock() - start) / 50
+    print(f"  plain SGD epoch {sgd_epoch * 1e3:9.1f} ms; matmul floor {floor * 1e3:8.1f} ms; "
+          f"one N(0,I) draw {draw * 1e3:.3f} ms × {steps} steps = {draw * steps / sgd_epoch:.1%} of an SGD epoch")
+    print(ratio_line("SGLD epoch / plain SGD epoch", times["sgld"], times["sgd"], "<= 1.15"))
+    print(ratio_line("SGHMC epoch / plain SGD epoch", times["sghmc"], times["sgd"], "<= 1.15"))
+    print(ratio_line("(SGLD at T=0, no noise drawn) / plain SGD", times["sgld_t0"], times["sgd"], "(context)"))
+    print(f"  {'plain SGD epoch / matmul floor':<44s} {sgd_epoch / floor:6.3f}   "
+          f"(median {statistics.median(times['sgd']) / epochs / floor:6.3f})   target <= 2.5")
+
+
+def hmc_section(title: str, n: int, d: int, passes: int, repeats: int) -> None:
+    problem = make_problem(n, d)
+    model = problem.make_model()
+    method = get_method("hmc")
+    n_leapfrog = passes
+    config = resolve_config(
+        method,
+        {"n_leapfrog": n_leapfrog, "burn_in": 0, "n_samples": 1, "adapt_step_size": False, "step_size": 1e-5,
+         "prior_std": 1.0},
+    )
+    stats: dict[str, float] = {}
+
+    def run_hmc() -> None:
+        for _ in method.sample_posterior(problem, config, stats):
+            pass
+
+    def plain() -> None:
+        m = problem.make_model()
+        m.eval()
+        for _ in range(n_leapfrog + 1):
+            m.zero_grad(set_to_none=True)
+            loss = -problem.likelihood.log_prob(m(problem.x), problem.y).sum()
+            loss.backward()
+
+    run_hmc()
+    plain()
+    times = interleaved({"hmc": run_hmc, "plain": plain}, repeats)
+    assert stats["grad_evals"] == n_leapfrog + 1
+    print(f"[{title}: full batch N={n}, MLP {d}-200-200-10, {n_leapfrog + 1} gradients per run]")
+    print(f"  plain fwd+bwd {min(times['plain']) / (n_leapfrog + 1) * 1e3:9.1f} ms; "
+          f"HMC gradient {min(times['hmc']) / (n_leapfrog + 1) * 1e3:9.1f} ms")
+    # both runs do n_leapfrog + 1 gradients, so (grads/s HMC) / (passes/s plain) = t_plain / t_hmc
+    print(ratio_line("HMC grad evals/s / plain fwd+bwd passes/s", times["plain"], times["hmc"], ">= 0.9"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and epochs")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1; >1 times wall clock)")
+    args = parser.parse_args()
+    global clock
+    torch.set_num_threads(args.threads)
+    clock = time.process_time if args.threads == 1 else time.perf_counter
+    torch.manual_seed(0)
+    kind = "CPU time" if args.threads == 1 else "wall-clock time"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {kind}")
+    flops = matmul_flops_per_second()
+    print(f"dense float32 matmul (2048²): {flops / 1e9:.1f} GFLOP/s")
+    quick = args.quick
+    sgmcmc_section(
+        "digits-sized", 1437, 64, epochs=5 if quick else 10, repeats=3 if quick else 7, batch_size=128, flops=flops
+    )
+    sgmcmc_section("MNIST-sized", 60000, 784, epochs=1, repeats=2 if quick else 4, batch_size=128, flops=flops)
+    hmc_section("digits-sized", 1437, 64, passes=20 if quick else 40, repeats=3 if quick else 5)
+    hmc_section("MNIST-sized", 10000 if quick else 60000, 784, passes=3, repeats=2 if quick else 3)
+
+
+if __name__ == "__main__":
+    main()
