@@ -17,6 +17,7 @@ def ray_session():
     if not ray.is_initialized():
         temp = tempfile.mkdtemp(prefix="ur", dir="/tmp")
         ray.init(
+            address="local",  # never join a cluster a user started with `ray start` on this machine
             num_cpus=2,
             object_store_memory=256 * 1024**2,
             include_dashboard=False,

@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 TRIAL_COLUMNS = [
-    "trial_id", "phase", "cell", "method", "method_name", "model", "dataset", "complexity", "seed",
+    "trial_id", "phase", "cell", "method", "method_name", "model", "dataset", "task", "complexity", "seed",
     "status", "error", "config", "wall_s", "cpu_s", "gpu_s", "reserved_cpu_s", "reserved_gpu_s",
     "n_cpus", "n_gpus", "node", "node_id", "device", "n_samples", "setup_s", "train_s", "eval_s", "n_params",
     "grad_evals", "accept_rate", "method_stats", "selection", "started_at", "finished_at",

@@ -19,9 +19,10 @@ import pandas as pd
 
 os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # a retried or failed trial is one line of ours
 
 import ray  # noqa: E402
-from ray import tune  # noqa: E402
+from ray import cloudpickle, tune  # noqa: E402
 
 from ursa_ray.grid import Grid, GridError  # noqa: E402
 from ursa_ray.results import ResultsDirectory, write_atomic  # noqa: E402
@@ -38,8 +39,8 @@ def connect(address: str | None) -> None:
     common = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
     if address:
         ray.init(address=address, **common)
-    else:
-        ray.init(object_store_memory=256 * 1024**2, **common)
+    else:  # "local": a new local Ray even when `ray start` left a cluster on this machine
+        ray.init(address="local", object_store_memory=256 * 1024**2, **common)
 
 
 def trial_resources(grid: Grid) -> dict[str, float]:
@@ -48,10 +49,40 @@ def trial_resources(grid: Grid) -> dict[str, float]:
     return {k: v for k, v in need.items() if v > 0}
 
 
+# Written by the cluster launcher (`ray up`) on the head node: the node types its autoscaler may add.
+LAUNCHER_CONFIG = Path("~/ray_bootstrap_config.yaml")
+
+
+def launchable_node_resources() -> list[dict[str, float]]:
+    """Resources of the node types an autoscaler may still add: the autoscaler v2 / KubeRay config in the GCS,
+    else the launcher's config on a `ray up` head (worker types with max_workers 0 excluded)."""
+    offers: list[dict[str, float]] = []
+    try:
+        config = ray._private.state.state.get_cluster_config()
+    except Exception:  # noqa: BLE001 - no autoscaler config in this cluster's GCS
+        config = None
+    for group in getattr(config, "node_group_configs", None) or []:
+        if group.max_count != 0:
+            offers.append({k: float(v) for k, v in group.resources.items()})
+    path = LAUNCHER_CONFIG.expanduser()
+    if not offers and path.is_file():
+        import yaml
+
+        try:
+            launcher = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            launcher = {}
+        for name, node_type in (launcher.get("available_node_types") or {}).items():
+            if node_type.get("max_workers", 1) != 0 or name == launcher.get("head_node_type"):
+                offers.append({k: float(v) for k, v in (node_type.get("resources") or {}).items()})
+    return offers
+
+
 def check_cluster_fits(grid: Grid) -> None:
-    """GridError when no alive node has the resources one trial asks for (Ray would wait forever)."""
+    """GridError when no alive node (nor any node type the autoscaler may add) has the resources one trial asks
+    for (Ray would wait forever)."""
     need = trial_resources(grid)
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")] + launchable_node_resources()
     if any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
         return
     offered = "; ".join(
@@ -100,6 +131,19 @@ class ResultsCallback(tune.Callback):
         error = trial.get_error()
         self._record(trial, error=f"{type(error).__name__}: {error}" if error else "the trial's worker failed")
 
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        """The trial's worker (or its node) died and Tune retries it (``max_failures`` in the grid)."""
+        reason = "the trial's worker failed"
+        try:  # Tune has just pickled the error into the trial's local folder
+            with open(trial.pickled_error_file, "rb") as f:
+                error = cloudpickle.load(f)
+            reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+        except Exception:  # noqa: BLE001 - the message is informative only
+            pass
+        spec = trial_spec(trial)
+        failures = f"{trial.run_metadata.num_failures}/{trial.max_failures}"
+        self.echo(f"retry {failures} {spec['phase']:6s} {_where(spec)}: {reason}")
+
     def _record(self, trial: Any, error: str | None) -> None:
         spec = trial_spec(trial)
         finished = time.time()
@@ -141,6 +185,7 @@ class ResultsCallback(tune.Callback):
             "method_name": spec["method"],
             "model": spec["model"],
             "dataset": spec["dataset"],
+            "task": spec["task"],
             "complexity": math.nan if spec["complexity"] is None else float(spec["complexity"]),
             "seed": spec["seed"],
             "status": status,
@@ -184,11 +229,15 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return pd.read_parquet(path).to_dict("records") if path.exists() else []
 
 
-def _progress_line(done: int, total: int, spec: dict[str, Any], status: str, row: dict[str, Any], metrics: list) -> str:
+def _where(spec: dict[str, Any]) -> str:
     where = f"{spec['label']} {spec['model']} {spec['dataset']}"
     if spec["complexity"] is not None:
         where += f" c={spec['complexity']:g}"
-    where += f" seed={spec['seed']}"
+    return where + f" seed={spec['seed']}"
+
+
+def _progress_line(done: int, total: int, spec: dict[str, Any], status: str, row: dict[str, Any], metrics: list) -> str:
+    where = _where(spec)
     if status == "failed":
         return f"[{done}/{total}] FAILED {spec['phase']:6s} {where}: {row['error']}"
     wanted = {("test", "accuracy"), ("test", "nll"), ("test", "rmse"), ("test", "coverage_95"), ("validation", "nll")}
