@@ -242,7 +242,9 @@ def _progress_line(done: int, total: int, spec: dict[str, Any], status: str, row
         return f"[{done}/{total}] FAILED {spec['phase']:6s} {where}: {row['error']}"
     wanted = {("test", "accuracy"), ("test", "nll"), ("test", "rmse"), ("test", "coverage_95"), ("validation", "nll")}
     shown = " ".join(
-        f"{m['eval_set'][:3]}_{m['metric']}={m['value']:.3f}" for m in metrics if (m["eval_set"], m["metric"]) in wanted
+        f"{'val_' if m['eval_set'] == 'validation' else ''}{m['metric']}={m['value']:.3f}"
+        for m in metrics
+        if (m["eval_set"], m["metric"]) in wanted
     )
     return f"[{done}/{total}] {status:6s} {spec['phase']:6s} {where}  {shown}  {row['wall_s']:.1f}s"
 
