@@ -96,9 +96,12 @@ def better_direction() -> dict[str, str]:
     return {name: ("higher" if higher else "lower") for name, (_, _, higher) in COMPOSITES.items()} | {"mean_rank": "lower"}
 
 
-def per_cell_table(metrics: pd.DataFrame, trials: pd.DataFrame, metric: str, eval_set: str) -> pd.DataFrame:
-    """Mean ± std over seeds of one metric on one evaluation set: rows methods, columns model/dataset."""
-    final = final_metrics(metrics, trials, task=None)
+def per_cell_table(
+    metrics: pd.DataFrame, trials: pd.DataFrame, metric: str, eval_set: str, task: str | None = "classification"
+) -> pd.DataFrame:
+    """Mean ± std over seeds of one metric on one evaluation set: rows methods, columns model/dataset
+    (trials of one task, or of every task when ``task`` is None)."""
+    final = final_metrics(metrics, trials, task=task)
     rows = final[(final["metric"] == metric) & (final["eval_set"] == eval_set)]
     if rows.empty:
         return pd.DataFrame()

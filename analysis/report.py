@@ -1,13 +1,18 @@
 """``ursa-ray report DIR``: composite scores, per-cell tables (mean ± std over seeds), regression coverage
-statistics and figures, and the search + inference cost report, written to ``DIR/report.md``."""
+statistics and figures, and the search + inference cost report, written to ``DIR/report.md``.
+
+DIR may be an object-store URI (``s3://bucket/prefix``, as given to ``ursa-ray run --out``): the tables are
+read from it and ``report.md`` and ``figures/`` are written back to it (the figures are drawn in a local
+temporary folder, then uploaded one object each)."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from analysis.composites import better_direction, composite_scores, per_cell_table
 from analysis.tables import load_results, markdown_table
-from ursa_ray.results import write_atomic
+from ursa_ray.results import Location, is_uri
 
 TEST_METRICS = (
     ("accuracy", "accuracy (higher is better)"),
@@ -26,7 +31,7 @@ COST_METRICS = (
 )
 
 
-def composite_text(results_dir: Path) -> str:
+def composite_text(results_dir: str | Path | Location) -> str:
     results = load_results(results_dir)
     table = composite_scores(results.metrics, results.trials)
     if table.empty:
@@ -36,18 +41,30 @@ def composite_text(results_dir: Path) -> str:
     return markdown_table(table) + f"\n\n({legend}; averages over cells, see README)"
 
 
-def write_report(results_dir: Path, cost: bool = False) -> str:
-    """Write ``results_dir/report.md`` (and figures) and return the text to print."""
-    results = load_results(results_dir)
+def write_report(results_dir: str | Path | Location, cost: bool = False) -> str:
+    """Write ``results_dir/report.md`` (and figures) and return the text to print; ``results_dir`` is a local
+    folder or an object-store URI."""
+    shown = results_dir if isinstance(results_dir, Location) or is_uri(results_dir) else Path(results_dir)
+    where = Location.parse(shown)
+    if where.is_local:
+        return _write_report(where, where.local_path / "figures", shown, cost)
+    with tempfile.TemporaryDirectory(prefix="ursa-ray-figures-") as staging:
+        return _write_report(where, Path(staging), shown, cost)
+
+
+def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool) -> str:
+    """The report of the results at ``where``, its figures drawn into the local ``figures_dir`` (uploaded to
+    ``where/figures/`` when ``where`` is not local)."""
+    results = load_results(where)
     trials, metrics = results.trials, results.metrics
     counts = trials.groupby(["phase", "status"]).size().rename("trials").reset_index()
-    sections = [f"# ursa-ray report: {results_dir.resolve().name}", "", "## Trials", "", markdown_table(counts, index=False)]
+    sections = [f"# ursa-ray report: {where.name}", "", "## Trials", "", markdown_table(counts, index=False)]
     failed = trials[trials["status"] == "failed"]
     if not failed.empty:
         sections += ["", "Failed trials:", ""] + [f"- `{r.trial_id}`: {r.error}" for r in failed.itertuples()]
 
     printed = []
-    composites = composite_text(results_dir)
+    composites = composite_text(where)
     if not metrics.empty and (metrics["eval_set"] == "test").any() and "no finished" not in composites:
         sections += ["", "## Composite scores", "", composites]
         printed += ["Composite scores", composites]
@@ -63,15 +80,16 @@ def write_report(results_dir: Path, cost: bool = False) -> str:
                 if not table.empty:
                     sections += ["", f"### OOD detection vs {ood}: {metric}", "", markdown_table(table)]
         for metric, title in COST_METRICS:
-            table = per_cell_table(metrics, trials, metric, "cost")
+            table = per_cell_table(metrics, trials, metric, "cost", task=None)
             if not table.empty:
                 sections += ["", f"### {title}", "", markdown_table(table)]
 
+    figures: list[Path] = []
     if not results.points.empty:
         from analysis.coverage import regression_markdown
         from analysis.regression_figures import write_regression_figures
 
-        figures = write_regression_figures(results.points, results_dir / "figures")
+        figures = write_regression_figures(results.points, figures_dir)
         text = regression_markdown(results.points)
         sections += ["", "## Deep regression against the anchor model", "", text, ""]
         sections += [f"![{p.stem}](figures/{p.name})" for p in figures]
@@ -79,13 +97,16 @@ def write_report(results_dir: Path, cost: bool = False) -> str:
 
     from analysis.cost import cost_markdown
 
-    cost_text, cost_figures = cost_markdown(trials, metrics, results_dir / "figures")
+    cost_text, cost_figures = cost_markdown(trials, metrics, figures_dir)
     sections += ["", "## Compute cost: hyperparameter search + inference", "", cost_text, ""]
     sections += [f"![{p.stem}](figures/{p.name})" for p in cost_figures]
     if cost:
         printed += ["Compute cost: search + inference", cost_text]
 
     report = "\n".join(sections) + "\n"
-    write_atomic(results_dir / "report.md", lambda tmp: Path(tmp).write_text(report))
-    printed.append(f"wrote {results_dir / 'report.md'}")
+    if not where.is_local:  # the report's links are relative (figures/NAME), as in a local results folder
+        for figure in [*figures, *cost_figures]:
+            (where / "figures" / figure.name).write_bytes(figure.read_bytes())
+    (where / "report.md").write_text(report)
+    printed.append(f"wrote {shown / 'report.md' if isinstance(shown, Path) else where / 'report.md'}")
     return "\n\n".join(printed)

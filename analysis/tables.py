@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ursa_ray.results import Location, is_uri
+
 
 @dataclass
 class Results:
@@ -16,15 +18,16 @@ class Results:
     points: pd.DataFrame
 
 
-def load_results(path: str | Path) -> Results:
-    """The Parquet tables of a results directory (empty frames for the ones a run did not produce)."""
-    path = Path(path)
-    if not (path / "trials.parquet").exists():
+def load_results(path: str | Path | Location) -> Results:
+    """The Parquet tables of a results directory, local or an object-store URI such as ``s3://bucket/prefix``
+    (empty frames for the ones a run did not produce)."""
+    where = path if isinstance(path, Location) else Location.parse(path if is_uri(path) else Path(path))
+    if not (where / "trials.parquet").exists():
         raise FileNotFoundError(f"{path}: no trials.parquet; is this an ursa-ray results directory?")
 
     def read(name: str) -> pd.DataFrame:
-        file = path / f"{name}.parquet"
-        return pd.read_parquet(file) if file.exists() else pd.DataFrame()
+        file = where / f"{name}.parquet"
+        return file.read_parquet() if file.exists() else pd.DataFrame()
 
     return Results(read("trials"), read("metrics"), read("points"))
 
