@@ -7,6 +7,7 @@ Exit status: 0 success; 1 some trials failed; 2 a bad grid (nothing was run or w
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -33,13 +34,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid)
     check_data(grid)
     grid.trial_specs()  # every hyperparameter resolves before anything starts
-    out = Path(args.out or Path("results") / grid.name)
+    from ursa_ray.results import Location, is_uri
+
+    given = args.out or Path("results") / grid.name
+    try:
+        out = Location.parse(given)  # a local folder, or an object-store URI (pyarrow.fs.FileSystem.from_uri)
+    except (ValueError, OSError) as exc:
+        raise GridError(f"--out {given}: {exc}") from exc
     from ursa_ray.tune.runner import run_grid
 
     summary = run_grid(grid, out, address=args.address)
     print(
         f"done: {len(summary.finished)} ok, {len(summary.failed)} failed, {len(summary.early_stopped)} early-stopped, "
-        f"{summary.skipped} already finished; results in {out.resolve()}"
+        f"{summary.skipped} already finished; results in {out}"
     )
     if summary.incomplete > 0:
         print(
@@ -52,14 +59,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         for trial_id, error in summary.failed:
             print(f"  {trial_id}: {error}", file=sys.stderr)
         return 1
-    print(f"next: ursa-ray report {out}")
+    print(f"next: ursa-ray report {shlex.quote(given) if is_uri(given) else Path(given)}")
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import write_report
 
-    text = write_report(Path(args.results), cost=args.cost)
+    text = write_report(args.results, cost=args.cost)
     print(text)
     return 0
 
@@ -100,14 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a grid on Ray Tune (resumes an earlier run in the same --out)")
     run.add_argument("grid", help="grid YAML file, e.g. grids/quickstart.yaml")
-    run.add_argument("--out", help="results directory (default results/<grid name>)")
+    run.add_argument(
+        "--out", help="results directory or object-store URI, e.g. s3://bucket/prefix (default results/<grid name>)"
+    )
     run.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     run.set_defaults(func=_cmd_run)
     validate = sub.add_parser("validate", help="check a grid without running anything")
     validate.add_argument("grid")
     validate.set_defaults(func=_cmd_validate)
     report = sub.add_parser("report", help="print the composite table and write DIR/report.md")
-    report.add_argument("results", help="results directory")
+    report.add_argument("results", help="results directory or object-store URI (as given to run --out)")
     report.add_argument("--cost", action="store_true", help="print the search + inference cost report too")
     report.set_defaults(func=_cmd_report)
     for name, func, text in (

@@ -9,19 +9,35 @@ Layout (a contract for users and for the ``analysis`` package):
   ``save_predictions: true``;
 - ``grid.yaml``: the grid that produced the results; ``ray/``: Ray Tune's own experiment folders.
 
-Every file is written to a temporary name in the same directory and renamed into place, so a reader
-never sees half a file and an interrupted run leaves the previous complete version.
+Where the directory lives (:class:`Location`): a local path, or any URI that
+``pyarrow.fs.FileSystem.from_uri`` accepts, such as ``s3://bucket/prefix`` (a custom endpoint and other
+filesystem options go in the URI's query: ``s3://bucket/prefix?endpoint_override=host:9000&scheme=http``).
+
+Writes are atomic for readers, so a reader never sees half a file and an interrupted run leaves the previous
+complete version:
+
+- local paths (plain paths and ``file://`` URIs): every file is written to a temporary name in the same
+  directory and renamed into place;
+- object stores (``s3://``, ``gs://``, ...): each file is serialised in memory first, then written with one
+  ``open_output_stream`` straight to its final key. An object store makes an object visible only when its
+  upload completes (one PUT, or the completion of a multipart upload), and an overwrite replaces the whole
+  object, so readers see the previous object or the new one, never part of one. Nothing is renamed: object
+  stores have no atomic rename.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow.fs as pafs
 
 TRIAL_COLUMNS = [
     "trial_id", "phase", "cell", "method", "method_name", "model", "dataset", "task", "complexity", "seed",
@@ -51,21 +67,122 @@ def write_atomic(path: Path, write: Any) -> None:
         raise
 
 
-def write_parquet(frame: pd.DataFrame, path: Path) -> None:
-    write_atomic(path, lambda tmp: frame.to_parquet(tmp, index=False))
+def write_parquet(frame: pd.DataFrame, path: Path | Location) -> None:
+    if isinstance(path, Location):
+        path.write_parquet(frame)
+    else:
+        write_atomic(path, lambda tmp: frame.to_parquet(tmp, index=False))
+
+
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")  # a scheme of two or more letters: not a Windows drive
+
+
+def is_uri(location: str | Path) -> bool:
+    return isinstance(location, str) and bool(_URI.match(location))
+
+
+@dataclass(frozen=True)
+class Location:
+    """A file or folder on a pyarrow filesystem: ``fs`` and the ``path`` on it; ``uri`` is how to name it again
+    (an absolute local path, or the URI with its query, e.g. ``s3://bucket/prefix/trials.parquet?endpoint_override=...``)."""
+
+    fs: pafs.FileSystem
+    path: str
+    uri: str
+
+    @classmethod
+    def parse(cls, location: str | Path | Location) -> Location:
+        """A local path (made absolute), or a URI that ``pyarrow.fs.FileSystem.from_uri`` accepts."""
+        if isinstance(location, Location):
+            return location
+        if is_uri(location):
+            fs, path = pafs.FileSystem.from_uri(str(location))
+            if isinstance(fs, pafs.LocalFileSystem):  # file:///abs/path: a plain local path
+                return cls.parse(Path(path))
+            return cls(fs, path.rstrip("/"), str(location))
+        path = Path(location).resolve()
+        return cls(pafs.LocalFileSystem(), str(path), str(path))
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    @property
+    def local_path(self) -> Path:
+        if not self.is_local:
+            raise ValueError(f"{self.uri} is not on the local filesystem")
+        return Path(self.path)
+
+    @property
+    def name(self) -> str:
+        return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+    def __truediv__(self, name: str) -> Location:
+        path = f"{self.path.rstrip('/')}/{name}"
+        if self.is_local:
+            return Location(self.fs, str(Path(self.path) / name), str(Path(self.uri) / name))
+        base, query, rest = self.uri.partition("?")
+        return Location(self.fs, path, f"{base.rstrip('/')}/{name}{query}{rest}")
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def exists(self) -> bool:
+        if self.is_local:
+            return self.local_path.exists()
+        return self.fs.get_file_info(self.path).type != pafs.FileType.NotFound
+
+    def read_parquet(self) -> pd.DataFrame:
+        if self.is_local:
+            return pd.read_parquet(self.local_path)
+        with self.fs.open_input_file(self.path) as f:
+            return pd.read_parquet(f)
+
+    def read_text(self) -> str:
+        if self.is_local:
+            return self.local_path.read_text()
+        with self.fs.open_input_stream(self.path) as f:
+            return f.read().decode()
+
+    def write_bytes(self, data: bytes) -> None:
+        """Atomically for readers (see the module docstring)."""
+        if self.is_local:
+            write_atomic(self.local_path, lambda tmp: Path(tmp).write_bytes(data))
+            return
+        with self.fs.open_output_stream(self.path) as f:  # one upload to the final key, visible once complete
+            f.write(data)
+
+    def write_text(self, text: str) -> None:
+        if self.is_local:
+            write_atomic(self.local_path, lambda tmp: Path(tmp).write_text(text))
+        else:
+            self.write_bytes(text.encode())
+
+    def write_parquet(self, frame: pd.DataFrame) -> None:
+        if self.is_local:
+            write_atomic(self.local_path, lambda tmp: frame.to_parquet(tmp, index=False))
+            return
+        buffer = io.BytesIO()  # serialised in full before the upload starts: a failure uploads nothing
+        frame.to_parquet(buffer, index=False)
+        self.write_bytes(buffer.getvalue())
 
 
 class ResultsDirectory:
-    """Reads and extends one results directory."""
+    """Reads and extends one results directory: a local path or an object-store URI (see :class:`Location`)."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path).resolve()
+    def __init__(self, path: str | Path | Location):
+        self.location = Location.parse(path)
         self.tables = {name: self._read(name) for name in TABLES}
 
+    @property
+    def path(self) -> Path:
+        """The local folder (a ``ValueError`` for an object-store location; use ``location``)."""
+        return self.location.local_path
+
     def _read(self, name: str) -> pd.DataFrame:
-        file = self.path / f"{name}.parquet"
+        file = self.location / f"{name}.parquet"
         if file.exists():
-            return pd.read_parquet(file)
+            return file.read_parquet()
         return pd.DataFrame(columns=TABLES[name])
 
     def finished_ids(self) -> set[str]:
@@ -95,6 +212,6 @@ class ResultsDirectory:
                 new = new.reindex(columns=list(dict.fromkeys(TRIAL_COLUMNS + list(new.columns))))
             frames = [f for f in (keep, new) if not f.empty]
             self.tables[name] = pd.concat(frames, ignore_index=True) if frames else new
-            write_parquet(self.tables[name], self.path / f"{name}.parquet")
+            (self.location / f"{name}.parquet").write_parquet(self.tables[name])
         for eval_set, frame in (predictions or {}).items():
-            write_parquet(frame, self.path / "predictions" / f"{trial_id}__{eval_set}.parquet")
+            (self.location / "predictions" / f"{trial_id}__{eval_set}.parquet").write_parquet(frame)

@@ -25,7 +25,7 @@ import ray  # noqa: E402
 from ray import cloudpickle, tune  # noqa: E402
 
 from ursa_ray.grid import Grid, GridError  # noqa: E402
-from ursa_ray.results import ResultsDirectory, write_atomic  # noqa: E402
+from ursa_ray.results import Location, ResultsDirectory  # noqa: E402
 from ursa_ray.tune.trainable import run_ursa_trial, search_trial_spec  # noqa: E402
 
 Echo = Callable[[str], None]
@@ -272,13 +272,15 @@ def run_trials(
             max_concurrent_trials=grid.max_concurrent_trials,
             trial_dirname_creator=lambda t: t.config["spec"]["trial_id"][:80],
         )
+    storage = results.location / "ray"  # checkpoints: a local folder, or the same object store as the results
     tuner = tune.Tuner(
         trainable,
         param_space=param_space,
         tune_config=tune_config,
         run_config=tune.RunConfig(
             name=experiment,
-            storage_path=str(results.path / "ray"),
+            storage_path=storage.path,
+            storage_filesystem=None if storage.is_local else storage.fs,  # endpoint etc. from the --out URI
             verbose=0,
             callbacks=[callback],
             failure_config=tune.FailureConfig(max_failures=grid.max_failures),
@@ -288,13 +290,15 @@ def run_trials(
     tuner.fit()
 
 
-def run_grid(grid: Grid, out_dir: str | Path, address: str | None = None, echo: Echo = print) -> RunSummary:
-    """Run the grid's search phase (if any) and final phase; resume what an earlier run left unfinished."""
+def run_grid(grid: Grid, out_dir: str | Path | Location, address: str | None = None, echo: Echo = print) -> RunSummary:
+    """Run the grid's search phase (if any) and final phase; resume what an earlier run left unfinished.
+
+    ``out_dir``: a local folder or an object-store URI (``s3://bucket/prefix``; see :class:`Location`)."""
     connect(address)
     check_cluster_fits(grid)
-    out = Path(out_dir).resolve()
+    out = Location.parse(out_dir)
     results = ResultsDirectory(out)
-    write_atomic(out / "grid.yaml", lambda tmp: Path(tmp).write_text(Path(grid.path).read_text()))
+    (out / "grid.yaml").write_text(Path(grid.path).read_text())
     summary = RunSummary()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     overrides: dict[str, dict[str, Any]] = {}

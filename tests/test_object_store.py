@@ -1,0 +1,144 @@
+"""Results on an object store: `ursa-ray run --out s3://...` and `ursa-ray report s3://...` against a local S3
+server (moto), reached only at 127.0.0.1.
+
+The runs are subprocesses with their own local Ray, so the Ray workers inherit the S3 credentials set here
+(the session Ray of conftest.py started before they were set). The URIs carry ``allow_delayed_open=true``:
+pyarrow then stores small files with one PUT instead of a multipart upload, whose completion this moto
+release answers with an XML root element that pyarrow's AWS SDK rejects (getmoto/moto#10055).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from analysis.tables import load_results
+from ursa_ray.cli import main
+from ursa_ray.results import Location, ResultsDirectory
+
+moto_server = pytest.importorskip("moto.server", reason="needs moto[server] (pip install -e '.[test]')")
+pafs = pytest.importorskip("pyarrow.fs")
+
+BUCKET = "ursa-results"
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",  # never look for credentials or a region beyond these variables
+}
+GRID = {
+    "name": "object_store",
+    "methods": ["sgd"],
+    "models": [{"name": "mlp", "options": {"widths": [16]}}],
+    "datasets": ["digits"],
+    "seeds": 2,
+    "resources": {"cpu": 1},
+    "budget": {"epochs": 2, "batch_size": 128},
+    "save_predictions": True,
+}
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on 127.0.0.1 with one empty bucket; yields the endpoint's query string for URIs."""
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in S3_ENV.items():
+            env.setenv(key, value)
+        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            endpoint = f"{host}:{port}"
+            pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", allow_bucket_creation=True).create_dir(BUCKET)
+            yield f"endpoint_override={endpoint}&scheme=http&allow_delayed_open=true"
+        finally:
+            server.stop()
+
+
+def _keys(location: Location) -> list[str]:
+    infos = location.fs.get_file_info(pafs.FileSelector(location.path, recursive=True, allow_not_found=True))
+    return sorted(i.path[len(location.path) + 1:] for i in infos if i.type == pafs.FileType.File)
+
+
+def test_location_names_local_paths_and_uris(tmp_path):
+    local = Location.parse(tmp_path / "out")
+    assert local.is_local and local.path == str(tmp_path / "out") and str(local / "trials.parquet") == str(tmp_path / "out" / "trials.parquet")
+    assert Location.parse(f"file://{tmp_path}/out").path == local.path
+    remote = Location.parse("s3://bucket/runs/a?endpoint_override=127.0.0.1:1&scheme=http")
+    assert not remote.is_local and remote.path == "bucket/runs/a" and remote.name == "a"
+    child = remote / "figures" / "x.png"
+    assert child.path == "bucket/runs/a/figures/x.png"
+    assert child.uri == "s3://bucket/runs/a/figures/x.png?endpoint_override=127.0.0.1:1&scheme=http"
+    with pytest.raises(ValueError):
+        remote.local_path
+
+
+def test_results_directory_writes_whole_objects_only(s3):
+    uri = f"s3://{BUCKET}/unit/results?{s3}"
+    results = ResultsDirectory(uri)
+    assert results.tables["trials"].empty
+    results.add({"trial_id": "t1", "status": "ok"}, [{"trial_id": "t1", "metric": "nll", "value": 0.5}])
+    results.add({"trial_id": "t1", "status": "ok"}, [{"trial_id": "t1", "metric": "nll", "value": 0.4}])  # replaces
+    assert _keys(results.location) == ["metrics.parquet", "trials.parquet"]  # no temporary or partial objects
+    again = ResultsDirectory(uri)
+    assert again.finished_ids() == {"t1"}
+    assert again.tables["metrics"]["value"].tolist() == [0.4]
+
+
+def _run(command: list[str], cwd, timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, **S3_ENV, "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_run_resume_and_report_on_an_s3_uri(s3, tmp_path):
+    grid_file = tmp_path / "object_store.yaml"
+    grid_file.write_text(yaml.safe_dump(GRID))
+    uri = f"s3://{BUCKET}/runs/tiny?{s3}"
+    command = [sys.executable, "-m", "ursa_ray.cli", "run", str(grid_file), "--out", uri]
+    first = _run(command, tmp_path, timeout=240)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "final phase: 2 trials (0 already finished)" in first.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["object_store.yaml"]  # nothing written locally
+
+    out = Location.parse(uri)
+    keys = _keys(out)
+    assert {"grid.yaml", "trials.parquet", "metrics.parquet"} <= set(keys)
+    assert yaml.safe_load((out / "grid.yaml").read_text()) == GRID
+    assert sum(k.startswith("ray/final-") and k.endswith("/record.json") for k in keys) == 2  # Tune's checkpoints
+    trials = (out / "trials.parquet").read_parquet()
+    assert len(trials) == 2 and (trials["status"] == "ok").all() and sorted(trials["seed"]) == [0, 1]
+    assert set(trials["method"]) == {"sgd"} and trials["trial_id"].is_unique
+    metrics = (out / "metrics.parquet").read_parquet()
+    assert set(metrics["trial_id"]) == set(trials["trial_id"])
+    accuracy = metrics[(metrics["eval_set"] == "test") & (metrics["metric"] == "accuracy")]
+    assert len(accuracy) == 2 and (accuracy["value"] > 0.3).all()
+    assert not metrics.duplicated(["trial_id", "eval_set", "metric"]).any()
+    for trial_id in trials["trial_id"]:
+        assert f"predictions/{trial_id}__test.parquet" in keys
+    assert not [k for k in keys if ".tmp" in k]
+
+    again = _run(command, tmp_path, timeout=180)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "(2 already finished)" in again.stdout
+    assert not re.search(r"^\[\d+/\d+\]", again.stdout, re.M)  # no trial ran
+    rerun = (out / "trials.parquet").read_parquet()
+    pd.testing.assert_frame_equal(rerun, trials)
+
+    assert len(load_results(uri).trials) == 2  # (the s3 fixture set this process's credentials)
+    assert main(["report", uri]) == 0
+    report = (out / "report.md").read_text()
+    assert report.startswith("# ursa-ray report: tiny")
+    assert "## Composite scores" in report and "## Compute cost" in report
+    links = re.findall(r"\]\((figures/[^)]+)\)", report)
+    assert links, report
+    keys = set(_keys(out))
+    for link in links:
+        assert link in keys, link
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["object_store.yaml"]
