@@ -149,7 +149,6 @@ def sgmcmc_section(title: str, n: int, d: int, epochs: int, repeats: int, batch_
 
 def hmc_section(title: str, n: int, d: int, passes: int, repeats: int) -> None:
     problem = make_problem(n, d)
-    model = problem.make_model()
     method = get_method("hmc")
     n_leapfrog = passes
     config = resolve_config(

@@ -208,8 +208,7 @@ class LocalCluster:
 
 @pytest.fixture(scope="module")
 def cluster():
-    if not Path(RAY).exists():
-        pytest.skip("the `ray` command is not installed")
+    assert Path(RAY).exists(), f"the `ray` command (installed with ray) is missing: {RAY}"
     local = LocalCluster()
     try:
         local.start()
