@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ursa_ray.methods.base import Hyperparameter, Problem
 
@@ -27,16 +27,23 @@ def check_finite(loss: torch.Tensor, epoch: int) -> None:
         raise FloatingPointError(f"training loss became {loss.item()} in epoch {epoch}")
 
 
+Loss = Callable[[nn.Module, Tensor, Tensor], Tensor]
+
+
 def train_sgd(
     model: nn.Module,
     problem: Problem,
     config: Mapping[str, Any],
     stats: dict[str, float],
     epochs: int | None = None,
+    loss_fn: Loss | None = None,
+    grad_evals_per_step: int = 1,
 ) -> nn.Module:
     """Minimise −mean log p(y|x,θ) + (wd/2)‖θ‖² by SGD with momentum for ``epochs`` epochs.
 
-    The cosine schedule anneals lr_t = lr · (1 + cos(π t / T)) / 2 over the T steps of the run.
+    ``loss_fn(model, x_batch, y_batch)`` replaces the mean negative log-likelihood when given (e.g. with an
+    adversarial term, counting ``grad_evals_per_step`` gradient evaluations per step).  The cosine
+    schedule anneals lr_t = lr · (1 + cos(π t / T)) / 2 over the T steps of the run.
     """
     epochs = config["epochs"] if epochs is None else epochs
     optimiser = torch.optim.SGD(
@@ -51,11 +58,14 @@ def train_sgd(
             if config["schedule"] == "cosine":
                 for group in optimiser.param_groups:
                     group["lr"] = config["lr"] * 0.5 * (1 + math.cos(math.pi * step / total))
-            loss = -problem.likelihood.log_prob(model(xb), yb).mean()
+            if loss_fn is None:
+                loss = -problem.likelihood.log_prob(model(xb), yb).mean()
+            else:
+                loss = loss_fn(model, xb, yb)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
             step += 1
         check_finite(loss.detach(), epoch)
-    stats["grad_evals"] = stats.get("grad_evals", 0.0) + step
+    stats["grad_evals"] = stats.get("grad_evals", 0.0) + grad_evals_per_step * step
     return model
