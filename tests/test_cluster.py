@@ -329,7 +329,7 @@ def test_killed_driver_then_rerun_finishes_every_trial_once(cluster, tmp_path):
     print("".join(lines))
     assert process.returncode == -signal.SIGKILL, "".join(lines)
     partial = _trials(out)
-    assert 1 <= len(partial) < 6, "".join(lines)
+    assert 0 < len(partial) < 6, "".join(lines)  # some, not all, trials finished before the kill
     rerun = _run(cluster, command)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert f"final phase: 6 trials ({len(partial)} already finished)" in rerun.stdout

@@ -168,7 +168,7 @@ def test_ctrl_c_then_rerun_completes_every_trial_exactly_once(tmp_path):
     assert process.returncode == 130, output
     assert "interrupted" in output
     partial = pd.read_parquet(out / "trials.parquet")
-    assert 1 <= len(partial) < 6
+    assert 0 < len(partial) < 6  # some, not all, trials finished before Ctrl-C
     rerun = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert f"({len(partial)} already finished)" in rerun.stdout
