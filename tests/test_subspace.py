@@ -8,34 +8,16 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from ursa_ray.methods import get_method
-from ursa_ray.methods.base import Gaussian, Problem, flat_parameters, load_flat_parameters, resolve_config
+from ursa_ray.methods.base import Problem, flat_parameters, load_flat_parameters, resolve_config
 from ursa_ray.methods.subspace import elliptical_slice, pca_basis, subspace_log_likelihood
 from ursa_ray.methods.swag import fit_swa
-from ursa_ray.models.mlp import build_mlp
+from small_problems import regression_problem as shared_problem
 
 
 def regression_problem(seed: int = 0, n: int = 64, batch_norm: bool = False) -> Problem:
-    data = torch.Generator().manual_seed(1234)
-    x = torch.randn(n, 3, generator=data)
-    y = torch.sin(x[:, 0]) + 0.5 * x[:, 1] + 0.3 * torch.randn(n, generator=data)
-
-    def make_model() -> nn.Module:
-        if batch_norm:
-            return nn.Sequential(nn.Linear(3, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.0), nn.Linear(16, 1))
-        return build_mlp((3,), 1, [16])
-
-    torch.manual_seed(seed)
-    return Problem(
-        x=x,
-        y=y,
-        likelihood=Gaussian(0.3),
-        make_model=make_model,
-        generator=torch.Generator().manual_seed(seed),
-        device=torch.device("cpu"),
-    )
+    return shared_problem(seed, n, batch_norm, noise=0.3)
 
 
 SMALL = {"epochs": 3, "swa_epochs": 6, "batch_size": 16, "lr": 0.01, "swa_lr": 0.005, "rank": 4}

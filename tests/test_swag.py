@@ -10,31 +10,9 @@ import torch
 from torch import nn
 
 from ursa_ray.methods import get_method
-from ursa_ray.methods.base import Gaussian, Problem, flat_parameters, resolve_config
+from ursa_ray.methods.base import flat_parameters, resolve_config
 from ursa_ray.methods.swag import SWAGMoments, collect_iterates, fit_swa, has_batch_norm, refresh_batch_norm
-from ursa_ray.models.mlp import build_mlp
-
-
-def regression_problem(seed: int = 0, n: int = 64, batch_norm: bool = False) -> Problem:
-    """y = sin(x₁) + 0.5 x₂ + noise; a small MLP (optionally with a BatchNorm1d layer)."""
-    data = torch.Generator().manual_seed(1234)
-    x = torch.randn(n, 3, generator=data)
-    y = torch.sin(x[:, 0]) + 0.5 * x[:, 1] + 0.1 * torch.randn(n, generator=data)
-
-    def make_model() -> nn.Module:
-        if batch_norm:
-            return nn.Sequential(nn.Linear(3, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.0), nn.Linear(16, 1))
-        return build_mlp((3,), 1, [16])
-
-    torch.manual_seed(seed)
-    return Problem(
-        x=x,
-        y=y,
-        likelihood=Gaussian(0.3),
-        make_model=make_model,
-        generator=torch.Generator().manual_seed(seed),
-        device=torch.device("cpu"),
-    )
+from small_problems import regression_problem
 
 
 SMALL = {"epochs": 3, "swa_epochs": 6, "batch_size": 16, "lr": 0.01, "swa_lr": 0.005}

@@ -12,7 +12,22 @@ import torch
 from torch import Tensor
 
 
-class ClassificationPredictive:
+class _OnlineAccumulator:
+    """Counts the posterior samples an accumulator has seen; properties need at least one."""
+
+    _n_samples: int = 0
+
+    @property
+    def n_samples(self) -> int:
+        """Number of posterior samples accumulated so far (S)."""
+        return self._n_samples
+
+    def _require_samples(self) -> None:
+        if self._n_samples == 0:
+            raise RuntimeError("no posterior samples accumulated yet")
+
+
+class ClassificationPredictive(_OnlineAccumulator):
     """Running posterior predictive of a K-class classifier on n fixed examples.
 
     With per-sample class probabilities p_s = softmax(logits_s), s = 1..S:
@@ -51,15 +66,6 @@ class ClassificationPredictive:
         self._n_samples += 1
 
     @property
-    def n_samples(self) -> int:
-        """Number of posterior samples accumulated so far (S)."""
-        return self._n_samples
-
-    def _require_samples(self) -> None:
-        if self._n_samples == 0:
-            raise RuntimeError("no posterior samples accumulated yet")
-
-    @property
     def mean_probs(self) -> np.ndarray:
         """p̄ = (1/S) Σ_s softmax(logits_s), shape n×K, float64."""
         self._require_samples()
@@ -86,7 +92,7 @@ class ClassificationPredictive:
         return np.clip(self.total_entropy - self.expected_entropy, 0.0, None)
 
 
-class RegressionPredictive:
+class RegressionPredictive(_OnlineAccumulator):
     """Running mean and spread of per-sample predicted means f_s(x) on n fixed examples (Welford).
 
     After S samples, with δ = f_S − mean_{S−1}:
@@ -115,15 +121,6 @@ class RegressionPredictive:
             delta = f - self._mean
             self._mean += delta / self._n_samples
             self._m2 += delta * (f - self._mean)
-
-    @property
-    def n_samples(self) -> int:
-        """Number of posterior samples accumulated so far (S)."""
-        return self._n_samples
-
-    def _require_samples(self) -> None:
-        if self._n_samples == 0:
-            raise RuntimeError("no posterior samples accumulated yet")
 
     @property
     def mean(self) -> np.ndarray:

@@ -26,3 +26,13 @@ class ModelSpec:
     options: tuple[Hyperparameter, ...] = ()
     tasks: tuple[str, ...] = ("classification", "regression")
     needs_feature_map: bool = False
+
+
+def init_conv_and_batch_norm(model: nn.Module) -> None:
+    """He (fan-out) initialisation of every convolution; batch-norm scale 1 and shift 0."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)

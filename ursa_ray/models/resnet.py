@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ursa_ray.methods.base import Hyperparameter
-from ursa_ray.models.base import ModelSpec
+from ursa_ray.models.base import ModelSpec, init_conv_and_batch_norm
 
 STAGES = (3, 4, 6, 3)
 EXPANSION = 4
@@ -64,12 +64,7 @@ class CifarResNet(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.dropout = nn.Dropout(0.0)
         self.classifier = nn.Linear(channels, n_outputs)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_conv_and_batch_norm(self)
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.pool(self.blocks(self.stem(x))).flatten(1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from ursa_ray.methods.base import Hyperparameter
-from ursa_ray.models.base import ModelSpec
+from ursa_ray.models.base import ModelSpec, init_conv_and_batch_norm
 
 
 class WideBlock(nn.Module):
@@ -57,14 +57,8 @@ class WideResNet(nn.Module):
         self.blocks = nn.Sequential(*blocks)
         self.head = nn.Sequential(nn.BatchNorm2d(channels), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1))
         self.classifier = nn.Linear(channels, n_outputs)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.zeros_(m.bias)
+        init_conv_and_batch_norm(self)
+        nn.init.zeros_(self.classifier.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.classifier(self.head(self.blocks(self.stem(x))).flatten(1))
