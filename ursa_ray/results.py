@@ -5,6 +5,9 @@ Layout (a contract for users and for the ``analysis`` package):
 - ``trials.parquet``: one row per trial (both phases), see :data:`TRIAL_COLUMNS`;
 - ``metrics.parquet``: long format, one row per (trial, evaluation set, metric);
 - ``points.parquet``: regression trials only, one row per (trial, test point), the anchor as method "blr";
+  a Parquet dataset folder with one part file per trial id (``points.parquet/<trial_id>.parquet``), so a
+  finished trial writes only its own rows however large the table grows; ``pandas.read_parquet`` reads the
+  folder as one table;
 - ``predictions/<trial_id>__<eval_set>.parquet``: posterior-predictive probabilities when the grid sets
   ``save_predictions: true``;
 - ``grid.yaml``: the grid that produced the results; ``ray/``: Ray Tune's own experiment folders.
@@ -51,6 +54,7 @@ POINT_COLUMNS = [
     "truth", "mean", "std",
 ]
 TABLES = {"trials": TRIAL_COLUMNS, "metrics": METRIC_COLUMNS, "points": POINT_COLUMNS}
+REWRITTEN = ("trials", "metrics")  # rewritten whole per trial; points are written per trial
 
 
 def write_atomic(path: Path, write: Any) -> None:
@@ -133,10 +137,10 @@ class Location:
         return self.fs.get_file_info(self.path).type != pafs.FileType.NotFound
 
     def read_parquet(self) -> pd.DataFrame:
+        """A Parquet file, or a folder of Parquet part files read as one table."""
         if self.is_local:
             return pd.read_parquet(self.local_path)
-        with self.fs.open_input_file(self.path) as f:
-            return pd.read_parquet(f)
+        return pd.read_parquet(self.path, filesystem=self.fs)
 
     def read_text(self) -> str:
         if self.is_local:
@@ -172,7 +176,7 @@ class ResultsDirectory:
 
     def __init__(self, path: str | Path | Location):
         self.location = Location.parse(path)
-        self.tables = {name: self._read(name) for name in TABLES}
+        self.tables = {name: self._read(name) for name in REWRITTEN}
 
     @property
     def path(self) -> Path:
@@ -199,9 +203,12 @@ class ResultsDirectory:
         points: Iterable[dict[str, Any]] = (),
         predictions: dict[str, pd.DataFrame] | None = None,
     ) -> None:
-        """Add (or replace) one trial's rows and rewrite the affected tables atomically."""
+        """Add (or replace) one trial's rows: rewrite trials and metrics atomically, and write each trial id's
+        point rows (the anchor's have their own id) as its own part of ``points.parquet``."""
         trial_id = record["trial_id"]
-        for name, rows in (("trials", [record]), ("metrics", list(metrics)), ("points", list(points))):
+        for part_id, rows in pd.DataFrame(list(points), columns=POINT_COLUMNS).groupby("trial_id", sort=False):
+            (self.location / "points.parquet" / f"{part_id}.parquet").write_parquet(rows)
+        for name, rows in (("trials", [record]), ("metrics", list(metrics))):
             if name != "trials" and not rows and self.tables[name].empty:
                 continue
             table = self.tables[name]
