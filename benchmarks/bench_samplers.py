@@ -9,8 +9,9 @@
   Target within 2.5×.
 * HMC full-batch gradient evaluations per second ÷ plain full-batch forward + backward passes per second
   of the same ``nn.Module`` (target ≥ 0.9).
-* For context, the cost of one N(0, I) draw of all parameters (``normal_``), which SGLD/SGHMC pay every
-  step and plain SGD does not, and SGLD at temperature 0 (the same loop without the draw).
+* For context, the cost of one N(0, I) draw of all parameters, which SGLD/SGHMC pay every step and plain
+  SGD does not: torch's ``normal_`` (MT19937) beside the Philox kernel the samplers use on the CPU
+  (``ursa_ray/methods/_philox_gaussian.py``); and SGLD at temperature 0 (the same loop without the draw).
 
 Timings are repeated with the variants interleaved; a ratio is reported from the best (minimum) times,
 with the median-time ratio beside it, since other processes on a shared machine only ever add time.
@@ -33,6 +34,7 @@ import torch
 from torch import nn
 
 from ursa_ray.methods import get_method
+from ursa_ray.methods._sgmcmc_kernels import GaussianNoise
 from ursa_ray.methods.base import Categorical, Problem, resolve_config
 from ursa_ray.models.mlp import build_mlp
 
@@ -111,6 +113,19 @@ def ratio_line(label: str, num: list[float], den: list[float], target: str) -> s
     return f"  {label:<44s} {best:6.3f}   (median {median:6.3f})   target {target}"
 
 
+def draw_seconds(fill: Callable[[torch.Tensor, torch.Generator], object], n: int, repeats: int = 50) -> float:
+    """Best-of-5 time of one ``fill(vector, generator)`` on an ``n``-vector."""
+    noise, gen = torch.zeros(n), torch.Generator().manual_seed(0)
+    fill(noise, gen)
+    best = math.inf
+    for _ in range(5):
+        start = clock()
+        for _ in range(repeats):
+            fill(noise, gen)
+        best = min(best, (clock() - start) / repeats)
+    return best
+
+
 def sgmcmc_section(title: str, n: int, d: int, epochs: int, repeats: int, batch_size: int, flops: float) -> None:
     problem = make_problem(n, d)
     model = problem.make_model()
@@ -131,15 +146,13 @@ def sgmcmc_section(title: str, n: int, d: int, epochs: int, repeats: int, batch_
     sgd_epoch = min(times["sgd"]) / epochs
     floor = n * mult_adds_per_example(model) * 2 * 3 / flops
     steps = math.ceil(n / batch_size)
-    noise = torch.empty(n_params)
-    gen = torch.Generator().manual_seed(0)
-    noise.normal_(generator=gen)
-    start = clock()
-    for _ in range(50):
-        noise.normal_(generator=gen)
-    draw = (clock() - start) / 50
-    print(f"  plain SGD epoch {sgd_epoch * 1e3:9.1f} ms; matmul floor {floor * 1e3:8.1f} ms; "
-          f"one N(0,I) draw {draw * 1e3:.3f} ms × {steps} steps = {draw * steps / sgd_epoch:.1%} of an SGD epoch")
+    torch_draw = draw_seconds(lambda noise, gen: noise.normal_(generator=gen), n_params)
+    kernel = GaussianNoise(torch.empty(n_params), torch.Generator().manual_seed(0))
+    kernel_draw = draw_seconds(lambda noise, gen: kernel.add_to_(noise, 1e-3), n_params)
+    print(f"  plain SGD epoch {sgd_epoch * 1e3:9.1f} ms; matmul floor {floor * 1e3:8.1f} ms")
+    print(f"  one N(0,I) draw of all parameters, × {steps} steps, as a share of a plain SGD epoch: "
+          f"torch normal_ {torch_draw * 1e3:.3f} ms ({torch_draw * steps / sgd_epoch:.1%}); "
+          f"our Philox kernel, added in place {kernel_draw * 1e3:.3f} ms ({kernel_draw * steps / sgd_epoch:.1%})")
     print(ratio_line("SGLD epoch / plain SGD epoch", times["sgld"], times["sgd"], "<= 1.15"))
     print(ratio_line("SGHMC epoch / plain SGD epoch", times["sghmc"], times["sgd"], "<= 1.15"))
     print(ratio_line("(SGLD at T=0, no noise drawn) / plain SGD", times["sgld_t0"], times["sgd"], "(context)"))

@@ -250,13 +250,13 @@ def test_cosine_schedule_anneals_to_half():
 
 def test_exploration_stage_adds_no_noise(monkeypatch):
     draws = []
-    original = GaussianNoise.draw
+    original = GaussianNoise.add_to_
 
-    def counting(self):
+    def counting(self, *args, **kwargs):
         draws.append(1)
-        return original(self)
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(GaussianNoise, "draw", counting)
+    monkeypatch.setattr(GaussianNoise, "add_to_", counting)
     problem, _, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=0)
     samples, stats = draw(
         "csgld", problem, lr=lr_for(0.5, cov), batch_size=128, n_cycles=3, epochs_per_cycle=10,

@@ -193,15 +193,19 @@ class _SGMCMC:
                     flat.check_grad_views()
                 with torch.no_grad():
                     if velocity is None:
-                        # θ ← θ − η∇Ũ + √(2ηT)ξ with η = lr/N
-                        theta.mul_(1.0 - lr * decay).add_(grad, alpha=-lr)
+                        # θ ← θ − η∇Ũ + √(2ηT)ξ with η = lr/N (the prior's share of ∇Ũ as the shrink)
                         if sigma > 0.0:
-                            theta.add_(noise.draw(), alpha=sigma)
+                            noise.add_to_(theta, sigma, shrink=1.0 - lr * decay)
+                        else:
+                            theta.mul_(1.0 - lr * decay)
+                        theta.add_(grad, alpha=-lr)
                     else:
                         # v ← (1−α)v − η∇Ũ + √(2αηT)ξ ;  θ ← θ + v
-                        velocity.mul_(1.0 - alpha).add_(grad, alpha=-lr).add_(theta, alpha=-lr * decay)
                         if sigma > 0.0:
-                            velocity.add_(noise.draw(), alpha=sigma)
+                            noise.add_to_(velocity, sigma, shrink=1.0 - alpha)
+                        else:
+                            velocity.mul_(1.0 - alpha)
+                        velocity.add_(grad, alpha=-lr).add_(theta, alpha=-lr * decay)
                         theta.add_(velocity)
                 step += 1
                 if next_sample < len(sample_steps) and step == sample_steps[next_sample]:
