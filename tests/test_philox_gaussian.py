@@ -101,6 +101,15 @@ def test_draws_and_box_muller_pairs_are_uncorrelated():
     assert abs(np.corrcoef(cos_plane**2, sin_plane**2)[0, 1]) < 4 / math.sqrt(n // 4)
 
 
+def test_values_do_not_depend_on_the_number_of_threads():
+    n = 4 * 3 * 4096 + 3  # three parallel chunks and a tail
+    one, two = np.ones(n, dtype=np.float32), np.ones(n, dtype=np.float32)
+    add_standard_normal(one, 11, 4, sigma=0.5, shrink=0.9, threads=1)
+    add_standard_normal(two, 11, 4, sigma=0.5, shrink=0.9, threads=2)
+    assert np.array_equal(one, two)
+    np.testing.assert_allclose(one, 0.9 + 0.5 * standard_normal(n, 11, 4), rtol=1e-6)
+
+
 def test_reproducible_and_float64_gets_the_same_values():
     a = standard_normal(64, 3, 5, np.float32)
     b = standard_normal(64, 3, 5, np.float64)
@@ -121,6 +130,8 @@ def test_reproducible_and_float64_gets_the_same_values():
 def test_rejects_bad_arguments(target, key, draw, message):
     with pytest.raises(ValueError, match=message):
         add_standard_normal(target, key, draw)
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        add_standard_normal(np.empty(8, dtype=np.float32), 0, 0, threads=0)
 
 
 def test_gaussian_noise_on_cpu_uses_the_kernel_per_seed():

@@ -1,11 +1,11 @@
 """Fast standard-normal vectors on the CPU: Philox4x32-10 counters through a vectorised Box–Muller transform.
 
 SGLD and SGHMC draw one N(0, I) vector of every parameter at every step.  On one CPU thread torch's
-``Tensor.normal_`` spends about 3 ns per value in its scalar MT19937 generator alone (4–6 ns per
-normal in all), which made the draw 26–47% of a plain SGD epoch; numpy's generators, MKL's (through
+``Tensor.normal_`` spends about 3 ns per value in its scalar MT19937 generator alone (4–6 ns per normal
+in all), which made the draw 21–47% of a plain SGD epoch; numpy's generators, MKL's (through
 ``mkl_random``), JAX's and an inductor-compiled kernel were measured no faster than 2.5 ns
-(``benchmarks/bench_samplers.py`` prints the comparison).  This module compiles one loop with numba that
-LLVM vectorises (AVX2: eight lanes), at about 1.5 ns per normal:
+(``benchmarks/bench_samplers.py`` prints the comparison with ``normal_``).  This module compiles one loop
+with numba that LLVM vectorises (AVX2: eight lanes), at about 1.6 ns per normal:
 
 * **Bits**: Philox4x32-10 (Salmon, Moraes, Dror & Shaw 2011, "Parallel random numbers: as easy as 1, 2,
   3"), the counter-based generator of cuRAND and of torch on CUDA.  Block ``b`` of a draw is the
@@ -13,16 +13,18 @@ LLVM vectorises (AVX2: eight lanes), at about 1.5 ns per normal:
   Random123 distribution are checked in ``tests/test_philox_gaussian.py``.
 * **Normals**: the Box–Muller transform (Box & Muller 1958) on the top bits of two words:
   u = (k + ½)·2⁻²³ (k the top 23 bits) for the radius √(−2 ln u), t = k'·2⁻²⁴ (the top 24) for the
-  angle 2πt.  So |z| ≤ √(48 ln 2) ≈ 5.77, the bound of torch's CPU ``normal_`` (24-bit uniforms) too.  ln, sin and cos are float32 polynomials after exact range
-  reduction (ln: exponent split, m ∈ (√½, √2], ln m = 2 artanh((m−1)/(m+1)) to s⁹, truncation < 1e-9;
-  sin/cos: quadrant split, |a| ≤ π/4, Taylor to a⁹ / a¹⁰, truncation < 2e-9), so the values agree with
-  a float64 Box–Muller of the same words to float32 rounding (tested to 2e-6 absolute).
+  angle 2πt.  So |z| ≤ √(48 ln 2) ≈ 5.77, the bound of torch's CPU ``normal_`` (24-bit uniforms) too.
+  ln, sin and cos are float32 polynomials after exact range reduction (ln: exponent split,
+  m ∈ (√½, √2], ln m = 2 artanh((m−1)/(m+1)) to s⁹, truncation < 1e-9; sin/cos: quadrant split,
+  |a| ≤ π/4, Taylor to a⁹ / a¹⁰, truncation < 2e-9), so the values agree with a float64 Box–Muller of
+  the same words to float32 rounding (tested to 2e-6 absolute).
 
 Each block gives four normals, written to four planes of the target (the first 4·⌊n/4⌋ elements as a
-4 × ⌊n/4⌋ array; one more block for the last n mod 4), and the kernel adds them in the same pass as it
-scales the target (θ ← (1 − η/σ²ₚ)θ + √(2ηT)ξ for SGLD), so no noise buffer is written or read back.
-No fast-math flags: the loop keeps IEEE semantics, and a given
-(key, counter) yields the same values on every machine.
+4 × ⌊n/4⌋ array; one more block for the last n mod 4).  The kernel adds them in the same pass as it
+scales the target (for SGLD the prior's shrink, θ ← (1 − η/σₚ²)θ + √(2ηT)ξ), so no noise buffer is
+written or read back.  With ``threads`` > 1 the blocks are split over numba threads (``prange``), for
+trials holding more than one CPU; block b's values do not depend on the split.  No fast-math flags: the
+loop keeps IEEE semantics, and a given (key, counter) yields the same values on every machine.
 """
 
 from __future__ import annotations
@@ -122,26 +124,41 @@ def _box_muller(radius_word, angle_word):
 
 
 @numba.njit(**_JIT)
-def _shrink_add_normal(plane0, plane1, plane2, plane3, tail, shrink, sigma, k0, k1, draw_lo, draw_hi):
+def _shrink_add_blocks(plane0, plane1, plane2, plane3, shrink, sigma, k0, k1, draw_lo, draw_hi, first_block):
+    """Blocks first_block, first_block + 1, … into the four planes (a separate function, not inlined:
+    LLVM vectorises this loop on its own but not inside a parallel loop's body)."""
     zero = np.uint32(0)
-    blocks = plane0.shape[0]
-    for b in range(blocks):
-        w0, w1, w2, w3 = _philox4x32_10(np.uint32(b), draw_lo, draw_hi, zero, k0, k1)
+    for b in range(plane0.shape[0]):
+        w0, w1, w2, w3 = _philox4x32_10(np.uint32(first_block + b), draw_lo, draw_hi, zero, k0, k1)
         z0, z1 = _box_muller(w0, w1)
         z2, z3 = _box_muller(w2, w3)
         plane0[b] = shrink * plane0[b] + sigma * z0
         plane1[b] = shrink * plane1[b] + sigma * z1
         plane2[b] = shrink * plane2[b] + sigma * z2
         plane3[b] = shrink * plane3[b] + sigma * z3
-    if tail.shape[0]:
-        w0, w1, w2, w3 = _philox4x32_10(np.uint32(blocks), draw_lo, draw_hi, zero, k0, k1)
-        z0, z1 = _box_muller(w0, w1)
-        z2, _ = _box_muller(w2, w3)
-        tail[0] = shrink * tail[0] + sigma * z0
-        if tail.shape[0] > 1:
-            tail[1] = shrink * tail[1] + sigma * z1
-        if tail.shape[0] > 2:
-            tail[2] = shrink * tail[2] + sigma * z2
+
+
+@numba.njit(**_JIT)
+def _shrink_add_tail(tail, shrink, sigma, k0, k1, draw_lo, draw_hi, block):
+    """The last n mod 4 elements: z0, z1, z2 of one more block."""
+    w0, w1, w2, w3 = _philox4x32_10(np.uint32(block), draw_lo, draw_hi, np.uint32(0), k0, k1)
+    z0, z1 = _box_muller(w0, w1)
+    z2, _ = _box_muller(w2, w3)
+    tail[0] = shrink * tail[0] + sigma * z0
+    if tail.shape[0] > 1:
+        tail[1] = shrink * tail[1] + sigma * z1
+    if tail.shape[0] > 2:
+        tail[2] = shrink * tail[2] + sigma * z2
+
+
+@numba.njit(parallel=True, **_JIT)
+def _shrink_add_blocks_parallel(plane0, plane1, plane2, plane3, shrink, sigma, k0, k1, draw_lo, draw_hi, chunk):
+    blocks = plane0.shape[0]
+    for c in numba.prange((blocks + chunk - 1) // chunk):
+        a, b = c * chunk, min(blocks, (c + 1) * chunk)
+        _shrink_add_blocks(
+            plane0[a:b], plane1[a:b], plane2[a:b], plane3[a:b], shrink, sigma, k0, k1, draw_lo, draw_hi, a
+        )
 
 
 @numba.njit(**_JIT)
@@ -161,24 +178,38 @@ def philox4x32_10(counter: tuple[int, int, int, int], key: tuple[int, int]) -> t
     return tuple(int(w) for w in words)
 
 
-def add_standard_normal(target: np.ndarray, key: int, draw: int, sigma: float = 1.0, shrink: float = 1.0) -> None:
+_PARALLEL_CHUNK = 4096  # blocks (16,384 values) per parallel task; below 2 chunks a draw runs on one thread
+
+
+def add_standard_normal(
+    target: np.ndarray, key: int, draw: int, sigma: float = 1.0, shrink: float = 1.0, threads: int = 1
+) -> None:
     """target ← shrink·target + sigma·ξ in one pass, ξ ~ N(0, I) a function of (``key``, ``draw``) only.
 
     ``target``: contiguous 1-D float32 or float64.  ``key`` and ``draw`` are integers in [0, 2⁶⁴); use a
     new ``draw`` for every fresh ξ.  Element i < 4·⌊n/4⌋ takes value i mod ⌊n/4⌋ of plane i // ⌊n/4⌋
     (see the module docstring); the last n mod 4 elements take the first values of block ⌊n/4⌋.
+    ``threads`` > 1 splits the blocks over that many numba threads (a trial's CPU share, as torch's
+    thread count); the values do not depend on it.
     """
     if target.ndim != 1 or target.dtype not in (np.float32, np.float64) or not target.flags.c_contiguous:
         raise ValueError(f"target must be a contiguous 1-D float32/float64 array, got {target.dtype} {target.shape}")
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
     k0, k1 = _split64(key, "key")
     draw_lo, draw_hi = _split64(draw, "draw")
     blocks = target.shape[0] // 4
-    planes = target[: 4 * blocks].reshape(4, blocks)
+    p0, p1, p2, p3 = target[: 4 * blocks].reshape(4, blocks)
     scalar = target.dtype.type
-    _shrink_add_normal(
-        planes[0], planes[1], planes[2], planes[3], target[4 * blocks :], scalar(shrink), scalar(sigma),
-        k0, k1, draw_lo, draw_hi,
-    )
+    shrink, sigma = scalar(shrink), scalar(sigma)
+    threads = min(threads, numba.config.NUMBA_NUM_THREADS)
+    if threads > 1 and blocks >= 2 * _PARALLEL_CHUNK:
+        numba.set_num_threads(threads)
+        _shrink_add_blocks_parallel(p0, p1, p2, p3, shrink, sigma, k0, k1, draw_lo, draw_hi, _PARALLEL_CHUNK)
+    else:
+        _shrink_add_blocks(p0, p1, p2, p3, shrink, sigma, k0, k1, draw_lo, draw_hi, 0)
+    if target.shape[0] > 4 * blocks:
+        _shrink_add_tail(target[4 * blocks :], shrink, sigma, k0, k1, draw_lo, draw_hi, blocks)
 
 
 def standard_normal(n: int, key: int, draw: int, dtype: type = np.float32) -> np.ndarray:

@@ -72,8 +72,9 @@ class GaussianNoise:
     does target ← shrink·target + sigma·ξ.
 
     On the CPU, one pass of :func:`~ursa_ray.methods._philox_gaussian.add_standard_normal` (Philox4x32-10 +
-    vectorised Box–Muller, about 2.5× faster than ``Tensor.normal_`` on one thread, and no noise buffer);
-    the key is drawn from ``seed_from`` and each call uses the next counter.  On other devices
+    vectorised Box–Muller, about 2.5× faster than ``Tensor.normal_`` on one thread, and no noise buffer),
+    on as many threads as torch has (the trial's CPU share); the key is drawn from ``seed_from`` and each
+    call uses the next counter.  On other devices
     ``normal_`` into a buffer with a generator of its own on that device (Philox there already).  Either
     way the problem's generator is touched once, at construction, and left to the mini-batch order."""
 
@@ -96,7 +97,7 @@ class GaussianNoise:
         if self._add_on_cpu is None:
             target.mul_(shrink).add_(self._buffer.normal_(generator=self._generator), alpha=sigma)
         else:
-            self._add_on_cpu(target.numpy(), self._key, self.draws, sigma, shrink)
+            self._add_on_cpu(target.numpy(), self._key, self.draws, sigma, shrink, threads=torch.get_num_threads())
         self.draws += 1
         return target
 
