@@ -71,12 +71,12 @@ class GaussianNoise:
     """Fresh N(0, I) vectors ξ added to a flat parameter-sized tensor: ``add_to_(target, sigma, shrink)``
     does target ← shrink·target + sigma·ξ.
 
-    On the CPU, one pass of :func:`~ursa_ray.methods._philox_gaussian.add_standard_normal` (Philox4x32-10 +
-    vectorised Box–Muller, about 2.5× faster than ``Tensor.normal_`` on one thread, and no noise buffer),
-    on as many threads as torch has (the trial's CPU share); the key is drawn from ``seed_from`` and each
-    call uses the next counter.  On other devices
-    ``normal_`` into a buffer with a generator of its own on that device (Philox there already).  Either
-    way the problem's generator is touched once, at construction, and left to the mini-batch order."""
+    On the CPU: one pass of :func:`~ursa_ray.methods._philox_gaussian.add_standard_normal` (Philox4x32-10
+    + vectorised Box–Muller, about 2.5× faster than ``Tensor.normal_`` on one thread, no noise buffer), on
+    as many threads as torch has (the trial's CPU share); the key is drawn from ``seed_from`` and each call
+    uses the next counter.  On other devices: ``normal_`` into a buffer, with a generator of its own on
+    that device (Philox there already).  Either way the problem's generator is touched once, at
+    construction, and left to the mini-batch order."""
 
     def __init__(self, like: Tensor, seed_from: torch.Generator):
         seed = int(torch.randint(0, 2**62, (1,), generator=seed_from))
