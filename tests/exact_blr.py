@@ -1,8 +1,8 @@
 """Test fixture: Bayesian linear regression, whose posterior is Gaussian and known in closed form.
 
 Model: ursa-ray's ``linear`` model (``build_linear``: y = w·x + b) with the ``Gaussian`` likelihood of
-known noise std σ, and the prior N(0, s² I) on *all* its parameters [w, b] (bias included, as
-:func:`~ursa_ray.methods.base.gaussian_log_prior` does).  With features Φ = [x, 1] (n × (d+1)):
+known noise std σ, and the prior N(0, s² I) on *all* its parameters [w, b] (bias included, as the
+samplers' prior is).  With features Φ = [x, 1] (n × (d+1)):
 
     precision A = ΦᵀΦ / σ² + I / s²,   cov = A⁻¹,   mean = cov · Φᵀy / σ²,
 

@@ -47,10 +47,6 @@ class FlatModel:
                 offset += k
         self._grad_ptrs = [p.grad.data_ptr() for p in params]
 
-    @property
-    def n(self) -> int:
-        return self.theta.numel()
-
     def zero_grad(self) -> None:
         self.grad.zero_()
 

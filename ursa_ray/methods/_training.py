@@ -1,4 +1,6 @@
-"""Plain mini-batch SGD on the mean negative log-likelihood, shared by the optimisation-based methods."""
+"""Mini-batch optimisation shared by the optimisation-based methods: SGD on the mean negative
+log-likelihood (SGD, MC dropout, ensembles, SWAG's pre-training) and Adam on it plus a method's
+regulariser (concrete and variational dropout)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,13 @@ SGD_HYPERPARAMETERS = (
     Hyperparameter("schedule", str, "constant", "learning-rate schedule", choices=("constant", "cosine")),
 )
 
+ADAM_HYPERPARAMETERS = (
+    Hyperparameter("lr", float, 3e-3, "Adam learning rate", low=0.0),
+    Hyperparameter("epochs", int, 200, "training epochs", low=1),
+    Hyperparameter("batch_size", int, 64, "mini-batch size", low=1),
+    Hyperparameter("schedule", str, "cosine", "learning-rate schedule", choices=("constant", "cosine")),
+)
+
 
 def check_finite(loss: torch.Tensor, epoch: int) -> None:
     """Raise FloatingPointError when the training loss is NaN or infinite."""
@@ -28,6 +37,35 @@ def check_finite(loss: torch.Tensor, epoch: int) -> None:
 
 
 Loss = Callable[[nn.Module, Tensor, Tensor], Tensor]
+
+
+def _minimise(
+    model: nn.Module,
+    problem: Problem,
+    config: Mapping[str, Any],
+    optimiser: torch.optim.Optimizer,
+    epochs: int,
+    loss_at: Callable[[Tensor, Tensor, float], Tensor],
+) -> tuple[int, Tensor]:
+    """``epochs`` epochs of ``optimiser`` steps on ``loss_at(x_batch, y_batch, progress)``, progress ∈ [0, 1)
+    the share of steps done.  The cosine schedule anneals lr_t = lr · (1 + cos(π t / T)) / 2 over the T
+    steps of the run.  Returns (steps taken, the last loss); raises FloatingPointError at the end of an
+    epoch whose last loss is not finite."""
+    total = epochs * math.ceil(problem.n_train / config["batch_size"])
+    step = 0
+    model.train()
+    for epoch in range(epochs):
+        for xb, yb in problem.minibatches(config["batch_size"]):
+            if config["schedule"] == "cosine":
+                for group in optimiser.param_groups:
+                    group["lr"] = config["lr"] * 0.5 * (1 + math.cos(math.pi * step / total))
+            loss = loss_at(xb, yb, step / total)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
+            step += 1
+        check_finite(loss.detach(), epoch)
+    return step, loss.detach()
 
 
 def train_sgd(
@@ -42,30 +80,48 @@ def train_sgd(
     """Minimise −mean log p(y|x,θ) + (wd/2)‖θ‖² by SGD with momentum for ``epochs`` epochs.
 
     ``loss_fn(model, x_batch, y_batch)`` replaces the mean negative log-likelihood when given (e.g. with an
-    adversarial term, counting ``grad_evals_per_step`` gradient evaluations per step).  The cosine
-    schedule anneals lr_t = lr · (1 + cos(π t / T)) / 2 over the T steps of the run.
+    adversarial term, counting ``grad_evals_per_step`` gradient evaluations per step).
     """
-    epochs = config["epochs"] if epochs is None else epochs
     optimiser = torch.optim.SGD(
         model.parameters(), lr=config["lr"], momentum=config["momentum"], weight_decay=config["weight_decay"]
     )
-    steps_per_epoch = math.ceil(problem.n_train / config["batch_size"])
-    total = epochs * steps_per_epoch
-    step = 0
-    model.train()
-    for epoch in range(epochs):
-        for xb, yb in problem.minibatches(config["batch_size"]):
-            if config["schedule"] == "cosine":
-                for group in optimiser.param_groups:
-                    group["lr"] = config["lr"] * 0.5 * (1 + math.cos(math.pi * step / total))
-            if loss_fn is None:
-                loss = -problem.likelihood.log_prob(model(xb), yb).mean()
-            else:
-                loss = loss_fn(model, xb, yb)
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            step += 1
-        check_finite(loss.detach(), epoch)
-    stats["grad_evals"] = stats.get("grad_evals", 0.0) + grad_evals_per_step * step
+    if loss_fn is None:
+        def loss_at(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
+            return -problem.likelihood.log_prob(model(xb), yb).mean()
+    else:
+        def loss_at(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
+            return loss_fn(model, xb, yb)
+    steps, _ = _minimise(model, problem, config, optimiser, config["epochs"] if epochs is None else epochs, loss_at)
+    stats["grad_evals"] = stats.get("grad_evals", 0.0) + grad_evals_per_step * steps
     return model
+
+
+def train_adam(
+    model: nn.Module,
+    problem: Problem,
+    config: Mapping[str, Any],
+    stats: dict[str, float],
+    regulariser: Callable[[float], Tensor],
+) -> nn.Module:
+    """Minimise −(1/B) Σ_batch log p(y|x,θ) + regulariser(progress) with Adam.
+
+    ``regulariser(progress)`` is the method's KL term already divided by N (so the objective is the
+    negative ELBO per training example); ``progress`` ∈ [0, 1) is the share of training done, for
+    warm-up schedules.  ``stats`` gets ``grad_evals`` and ``final_loss``.
+    """
+    optimiser = torch.optim.Adam(model.parameters(), lr=config["lr"])
+
+    def loss_at(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
+        return -problem.likelihood.log_prob(model(xb), yb).mean() + regulariser(progress)
+
+    steps, loss = _minimise(model, problem, config, optimiser, config["epochs"], loss_at)
+    stats["grad_evals"] = stats.get("grad_evals", 0.0) + steps
+    stats["final_loss"] = float(loss)
+    return model
+
+
+def replace_module(root: nn.Module, name: str, new: nn.Module) -> None:
+    """Set the submodule at dotted path ``name`` of ``root`` to ``new``."""
+    parent_name, _, child = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, child, new)

@@ -189,15 +189,3 @@ def load_flat_parameters(model: nn.Module, vector: Tensor) -> None:
             offset += n
 
 
-def gaussian_log_prior(model: nn.Module, prior_std: float) -> Tensor:
-    """log N(θ; 0, prior_std² I) up to a constant: -‖θ‖² / (2 prior_std²)."""
-    return -sum((p**2).sum() for p in model.parameters()) / (2 * prior_std**2)
-
-
-def minibatch_log_posterior(
-    model: nn.Module, problem: Problem, xb: Tensor, yb: Tensor, prior_std: float
-) -> Tensor:
-    """Unbiased mini-batch estimate of the full-data log posterior:
-    (N / B) Σ_batch log p(y_i | x_i, θ) + log p(θ)."""
-    log_lik = problem.likelihood.log_prob(model(xb), yb).sum() * (problem.n_train / xb.shape[0])
-    return log_lik + gaussian_log_prior(model, prior_std)

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ursa_ray.methods.base import Hyperparameter, Predictor, Problem
-from ursa_ray.regression.training import ADAM_HYPERPARAMETERS, replace_module, train_adam
+from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, replace_module, train_adam
 
 _EPS = 1e-7
 _WEIGHT_LAYERS = (nn.Linear, nn.modules.conv._ConvNd)
@@ -41,7 +41,6 @@ class ConcreteDropout(nn.Module):
         self.p_logit = nn.Parameter(torch.tensor(math.log(init_p) - math.log1p(-init_p)))
         self.temperature = temperature
         self.in_features = in_features
-        self.stochastic = True
 
     @property
     def p(self) -> Tensor:
@@ -50,8 +49,6 @@ class ConcreteDropout(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.in_features is None:
             self.in_features = int(x.shape[1]) if x.ndim > 1 else 1
-        if not self.stochastic:
-            return x
         p = self.p
         if self.training:
             u = torch.rand_like(x)
@@ -97,25 +94,29 @@ def install_concrete_dropout(
     return pairs
 
 
+def uncovered_parameters(pairs: list[tuple[ConcreteDropout | None, nn.Module]], model: nn.Module) -> list[Tensor]:
+    """The weights of ``model`` in no (dropout, layer) pair and not a dropout rate: their prior is plain
+    (l²/2)‖W‖².  Fixed for the whole run, so found once."""
+    covered = {id(w) for _, layer in pairs for w in layer.parameters()}
+    covered.update(id(d.p_logit) for d, _ in pairs if d is not None)
+    return [w for w in model.parameters() if id(w) not in covered]
+
+
 def concrete_regulariser(
-    pairs: list[tuple[ConcreteDropout | None, nn.Module]], model: nn.Module, length_scale: float, n_train: int
+    pairs: list[tuple[ConcreteDropout | None, nn.Module]], uncovered: list[Tensor], length_scale: float, n_train: int
 ) -> Tensor:
-    """KL/N of Gal et al.'s approximation (see the module docstring)."""
-    covered: set[int] = set()
-    total = torch.zeros((), device=next(model.parameters()).device)
+    """KL/N of Gal et al.'s approximation (see the module docstring); ``uncovered`` from
+    :func:`uncovered_parameters`."""
     half_l2 = 0.5 * length_scale**2
+    terms = []
     for dropout, layer in pairs:
         sq = sum((w**2).sum() for w in layer.parameters())
-        covered.update(id(w) for w in layer.parameters())
         if dropout is None:
-            total = total + half_l2 * sq
+            terms.append(half_l2 * sq)
         else:
-            total = total + half_l2 * sq / (1 - dropout.p) - (dropout.in_features or 1) * dropout.entropy()
-    dropout_params = {id(d.p_logit) for d, _ in pairs if d is not None}
-    for w in model.parameters():
-        if id(w) not in covered and id(w) not in dropout_params:
-            total = total + half_l2 * (w**2).sum()
-    return total / n_train
+            terms.append(half_l2 * sq / (1 - dropout.p) - dropout.in_features * dropout.entropy())
+    terms.extend(half_l2 * (w**2).sum() for w in uncovered)
+    return sum(terms) / n_train
 
 
 class ConcreteDropoutMethod:
@@ -137,9 +138,10 @@ class ConcreteDropoutMethod:
         # A first pass fixes the K of any dropout slot that is not in front of a known weight layer.
         with torch.no_grad():
             model(problem.x[:2])
+        uncovered = uncovered_parameters(pairs, model)
         train_adam(
             model, problem, config, stats,
-            lambda progress: concrete_regulariser(pairs, model, config["length_scale"], problem.n_train),
+            lambda progress: concrete_regulariser(pairs, uncovered, config["length_scale"], problem.n_train),
         )
         rates = [float(d.p.detach()) for d, _ in pairs if d is not None]
         stats["cd_p_mean"] = sum(rates) / len(rates)

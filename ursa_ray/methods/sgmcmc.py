@@ -5,7 +5,7 @@ Target.  The (tempered) posterior π_T(θ) ∝ exp(−U(θ)/T) with the full-dat
     U(θ) = −Σ_{i=1..N} log p(y_i | x_i, θ) − log N(θ; 0, prior_std² I),
 
 estimated on a mini-batch B by Ũ(θ) = −(N/|B|) Σ_{i∈B} log p(y_i | x_i, θ) + ‖θ‖² / (2 prior_std²)
-(the likelihood scaled by N, as :func:`~ursa_ray.methods.base.minibatch_log_posterior`).  T = 1 is the
+(the likelihood scaled by N, the prior on every parameter, biases included).  T = 1 is the
 true posterior; T < 1 sharpens it (variance × T for a Gaussian posterior); T = 0 switches the noise off.
 
 Step size.  ``lr`` is the *per-example* learning rate, the scale of SGD on the mean loss and of

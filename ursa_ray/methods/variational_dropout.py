@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ursa_ray.methods.base import Hyperparameter, Predictor, Problem
-from ursa_ray.regression.training import ADAM_HYPERPARAMETERS, replace_module, train_adam
+from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, replace_module, train_adam
 
 K1, K2, K3 = 0.63576, 1.87320, 1.48695
 LOG_ALPHA_CLIP = 10.0
@@ -41,7 +41,6 @@ class VariationalLinear(nn.Module):
         self.weight = nn.Parameter(linear.weight.detach().clone())
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
         self.log_sigma2 = nn.Parameter(torch.full_like(self.weight, init_log_sigma2))
-        self.stochastic = True
 
     @property
     def log_alpha(self) -> Tensor:
@@ -49,8 +48,6 @@ class VariationalLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         mean = F.linear(x, self.weight, self.bias)
-        if not self.stochastic:
-            return mean
         var = F.linear(x * x, torch.exp(self.log_alpha) * self.weight**2)
         return mean + torch.sqrt(var + 1e-8) * torch.randn_like(mean)
 

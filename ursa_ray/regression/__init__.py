@@ -1,4 +1,4 @@
-"""The deep-regression benchmark's own pieces: the exact anchor model and shared training helpers."""
+"""The deep-regression benchmark's own pieces: the exact anchor model and the test-point table."""
 
 from ursa_ray.regression.anchor import anchor_for_dataset, anchor_predictive
 
