@@ -96,7 +96,6 @@ class Grid:
     max_concurrent_trials: int | None
     max_failures: int
     search: SearchSettings | None
-    raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     def cells(self) -> list[dict[str, Any]]:
         """(method, model, dataset, complexity) combinations, each a dict ready for trial specs."""
@@ -234,6 +233,18 @@ def _bool(path: str, where: str, value: Any) -> bool:
     return value
 
 
+def _name_subset(path: str, where: str, value: Any, known: list[str], noun: str) -> tuple[str, ...] | None:
+    """A method entry's optional restriction to some of the grid's models or datasets."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise _fail(path, where, f"expected a non-empty list of {noun} names")
+    for v in value:
+        if v not in known:
+            raise _fail(path, where, f"{v!r} is not among the grid's {noun}s: {', '.join(known)}")
+    return tuple(value)
+
+
 def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     """Validate a grid (the result of yaml.safe_load) and return it; GridError on the first problem."""
     if not isinstance(raw, dict):
@@ -300,6 +311,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     known_methods = methods.registry()
     method_entries = []
     model_names = [m.name for m in model_entries]
+    dataset_names = [d.name for d in dataset_entries]
     for i, item in enumerate(_entries(path, raw, "methods", METHOD_KEYS)):
         where = f"methods[{i}]"
         if item["name"] not in known_methods:
@@ -308,23 +320,8 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         label = item.get("label", item["name"])
         if not isinstance(label, str) or not label or "/" in label:
             raise _fail(path, f"{where}.label", "expected a non-empty string without '/'")
-        only = item.get("models")
-        if only is not None:
-            if not isinstance(only, list) or not only or not all(isinstance(o, str) for o in only):
-                raise _fail(path, f"{where}.models", "expected a non-empty list of model names")
-            for o in only:
-                if o not in model_names:
-                    raise _fail(path, f"{where}.models", f"{o!r} is not among the grid's models: {', '.join(model_names)}")
-            only = tuple(only)
-        only_data = item.get("datasets")
-        if only_data is not None:
-            dataset_names = [d.name for d in dataset_entries]
-            if not isinstance(only_data, list) or not only_data or not all(isinstance(o, str) for o in only_data):
-                raise _fail(path, f"{where}.datasets", "expected a non-empty list of dataset names")
-            for o in only_data:
-                if o not in dataset_names:
-                    raise _fail(path, f"{where}.datasets", f"{o!r} is not among the grid's datasets: {', '.join(dataset_names)}")
-            only_data = tuple(only_data)
+        only = _name_subset(path, f"{where}.models", item.get("models"), model_names, "model")
+        only_data = _name_subset(path, f"{where}.datasets", item.get("datasets"), dataset_names, "dataset")
         hyper = _check_options(path, f"{where}.hyperparameters", method.hyperparameters, item.get("hyperparameters"))
         space = parse_search_space(path, f"{where}.search", method.hyperparameters, item.get("search"), _fail)
         per_model_raw = item.get("model_hyperparameters") or {}
@@ -412,7 +409,6 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         max_concurrent_trials=max_concurrent,
         max_failures=max_failures,
         search=search,
-        raw=raw,
     )
 
 

@@ -71,13 +71,6 @@ def write_atomic(path: Path, write: Any) -> None:
         raise
 
 
-def write_parquet(frame: pd.DataFrame, path: Path | Location) -> None:
-    if isinstance(path, Location):
-        path.write_parquet(frame)
-    else:
-        write_atomic(path, lambda tmp: frame.to_parquet(tmp, index=False))
-
-
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")  # a scheme of two or more letters: not a Windows drive
 
 
@@ -177,11 +170,6 @@ class ResultsDirectory:
     def __init__(self, path: str | Path | Location):
         self.location = Location.parse(path)
         self.tables = {name: self._read(name) for name in REWRITTEN}
-
-    @property
-    def path(self) -> Path:
-        """The local folder (a ``ValueError`` for an object-store location; use ``location``)."""
-        return self.location.local_path
 
     def _read(self, name: str) -> pd.DataFrame:
         file = self.location / f"{name}.parquet"
