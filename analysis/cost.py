@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.composites import COMPOSITES, composite_scores  # noqa: E402
+from analysis.composites import COMPOSITES  # noqa: E402
 from analysis.tables import markdown_table  # noqa: E402
 
 HOUR = 3600.0
@@ -80,8 +80,11 @@ def _selection_metric(selection: pd.Series) -> str | None:
     return None
 
 
-def cost_markdown(trials: pd.DataFrame, metrics: pd.DataFrame, figures_dir: Path) -> tuple[str, list[Path]]:
-    """The cost section of report.md and the anytime and Pareto figures it refers to."""
+def cost_markdown(
+    trials: pd.DataFrame, metrics: pd.DataFrame, scores: pd.DataFrame, figures_dir: Path
+) -> tuple[str, list[Path]]:
+    """The cost section of report.md and the anytime and Pareto figures it refers to; ``scores`` are the
+    composite scores (:func:`~analysis.composites.composite_scores`) for the Pareto figure."""
     table = cost_table(trials, metrics)
     if table.empty:
         return "no trials", []
@@ -97,7 +100,6 @@ def cost_markdown(trials: pd.DataFrame, metrics: pd.DataFrame, figures_dir: Path
     curves = anytime_curves(trials)
     if curves:
         figures.append(_plot_anytime(curves, figures_dir / "search_anytime.png"))
-    scores = composite_scores(metrics, trials) if not metrics.empty else pd.DataFrame()
     if not scores.empty:
         classification = trials[trials["task"] == "classification"]
         per_method = classification.groupby("method")["reserved_cpu_s"].sum() / HOUR

@@ -20,6 +20,7 @@ repetitions (SE = sd_r / √k for all three quantities, since points within a re
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 import pandas as pd
@@ -44,9 +45,21 @@ def _with_indicators(points: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _se(series: pd.Series) -> float:
-    k = series.count()
-    return float(series.std(ddof=1) / math.sqrt(k)) if k > 1 else math.nan
+def _se(name: str, column: str | None = None) -> dict[str, tuple[str, str]]:
+    """Named aggregations for ``name_se``, the standard error of the mean of ``column`` (default ``name``):
+    the sample std and the count, which :func:`_finish_se` turns into std/√k (NaN where k < 2).  Built-in
+    aggregations, so no Python call per group."""
+    column = column or name
+    return {f"{name}_se": (column, "std"), f"_{name}_count": (column, "count")}
+
+
+def _finish_se(table: pd.DataFrame) -> pd.DataFrame:
+    counts = [c for c in table.columns if c.startswith("_") and c.endswith("_count")]
+    for count in counts:
+        k = table[count]
+        se = f"{count[1:-len('_count')]}_se"
+        table[se] = (table[se] / np.sqrt(k)).where(k > 1)
+    return table.drop(columns=counts)
 
 
 def uncertainty_ratio(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
@@ -74,11 +87,12 @@ def coverage_table(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
         in_distribution=("in_distribution", "first"),
         truth=("truth", "first"),
         deviation=("deviation", "mean"),
-        deviation_se=("deviation", _se),
+        **_se("deviation"),
         uncertainty=("std", "mean"),
-        uncertainty_se=("std", _se),
+        **_se("uncertainty", "std"),
         coverage=("covered", "mean"),
     ).reset_index()
+    table = _finish_se(table)
     table["coverage_se"] = np.sqrt(table["coverage"] * (1 - table["coverage"]) / table["k"])
     table["in_distribution"] = table["in_distribution"].astype(bool)
     ratio = uncertainty_ratio(points, anchor)[POINT + ["anchor_uncertainty", "uncertainty_ratio", "below_anchor"]]
@@ -99,12 +113,13 @@ def coverage_summary(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame
         k=("repetition", "count"),
         n_points=("n_points", "max"),
         deviation=("deviation", "mean"),
-        deviation_se=("deviation", _se),
+        **_se("deviation"),
         uncertainty=("uncertainty", "mean"),
-        uncertainty_se=("uncertainty", _se),
+        **_se("uncertainty"),
         coverage=("coverage", "mean"),
-        coverage_se=("coverage", _se),
+        **_se("coverage"),
     ).reset_index()
+    summary = _finish_se(summary)
     table = coverage_table(points, anchor)
     ratios = table.groupby(region, as_index=False).agg(
         uncertainty_ratio=("uncertainty_ratio", "mean"), share_below_anchor=("below_anchor", "mean")
@@ -114,7 +129,8 @@ def coverage_summary(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame
     return summary.merge(ratios, on=region, how="left")
 
 
-def _x_array(value: object) -> np.ndarray:
+def x_array(value: object) -> np.ndarray:
+    """A points row's input ``x`` (a scalar or a sequence) as a 1-D float array."""
     return np.atleast_1d(np.asarray(list(value) if not np.isscalar(value) else [value], dtype=float))
 
 
@@ -132,7 +148,7 @@ def named_points(points: pd.DataFrame) -> pd.DataFrame:
             wanted = named_inputs(str(experiment), float(complexity))
         except (KeyError, ValueError):
             continue
-        xs = [_x_array(v) for v in group["x"]]
+        xs = [x_array(v) for v in group["x"]]
         for label, target in wanted.items():
             for point_id, x in zip(group["point_id"], xs):
                 if x.shape == target.shape and np.allclose(x, target, atol=NAMED_TOLERANCE, rtol=0):
@@ -159,7 +175,9 @@ def _pm(value: float, se: float, digits: int = 3) -> str:
     return f"{format_number(float(value), digits)} ± {format_number(float(se), digits)}"
 
 
-def _method_order(methods: list[str], anchor: str = ANCHOR) -> list[str]:
+def method_order(methods: Iterable[str], anchor: str = ANCHOR) -> list[str]:
+    """The anchor first (when present), then the other methods alphabetically, each once."""
+    methods = list(dict.fromkeys(methods))
     return ([anchor] if anchor in methods else []) + sorted(m for m in methods if m != anchor)
 
 
@@ -177,7 +195,7 @@ def regression_markdown(points: pd.DataFrame, anchor: str = ANCHOR) -> str:
     ]
     summary = coverage_summary(points, anchor)
     named = named_point_table(points, anchor)
-    order = {m: i for i, m in enumerate(_method_order(list(points["method"].unique()), anchor))}
+    order = {m: i for i, m in enumerate(method_order(list(points["method"].unique()), anchor))}
     for experiment in sorted(summary["experiment"].unique()):
         s = summary[summary["experiment"] == experiment].copy()
         s["_o"] = s["method"].map(order)

@@ -21,14 +21,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.coverage import ANCHOR, Z, coverage_summary, coverage_table, named_point_table  # noqa: E402
+from analysis.coverage import (  # noqa: E402
+    ANCHOR,
+    Z,
+    coverage_summary,
+    coverage_table,
+    method_order,
+    named_point_table,
+    x_array,
+)
 
 DPI = 110
-
-
-def _order(methods, anchor: str = ANCHOR) -> list[str]:
-    methods = list(dict.fromkeys(methods))
-    return ([anchor] if anchor in methods else []) + sorted(m for m in methods if m != anchor)
 
 
 def _colours(methods: list[str]) -> dict[str, str]:
@@ -44,7 +47,7 @@ def _colours(methods: list[str]) -> dict[str, str]:
 
 
 def _xs(frame: pd.DataFrame) -> np.ndarray:
-    return np.stack([np.atleast_1d(np.asarray(list(v) if not np.isscalar(v) else [v], dtype=float)) for v in frame["x"]])
+    return np.stack([x_array(v) for v in frame["x"]])
 
 
 def _axis(x: np.ndarray) -> tuple[np.ndarray, str] | None:
@@ -71,7 +74,7 @@ def _band_figure(cell: pd.DataFrame, experiment: str, complexity: float, path: P
     if axis is None:
         return None
     cell = cell.assign(_t=axis[0])
-    methods = _order(cell["method"].unique())
+    methods = method_order(cell["method"].unique())
     colours = _colours(methods)
     ncols = min(4, len(methods))
     nrows = -(-len(methods) // ncols)
@@ -102,7 +105,7 @@ def _band_figure(cell: pd.DataFrame, experiment: str, complexity: float, path: P
 
 
 def _curves(frame: pd.DataFrame, rows: list[tuple[str, pd.DataFrame]], title: str, path: Path) -> Path:
-    methods = _order(frame["method"].unique())
+    methods = method_order(frame["method"].unique())
     colours = _colours(methods)
     fig, axes = plt.subplots(len(rows), 3, figsize=(11.5, 2.8 * len(rows)), squeeze=False)
     quantities = (("deviation", "deviation |mean − truth|"), ("uncertainty", "uncertainty (std)"),
@@ -136,7 +139,7 @@ def _heatmaps(table: pd.DataFrame, experiment: str, complexity: float, path: Pat
     if x.shape[1] != 2:
         return None
     table = table.assign(_x1=np.round(x[:, 0], 8), _x2=np.round(x[:, 1], 8))
-    methods = _order(table["method"].unique())
+    methods = method_order(table["method"].unique())
     panels = (("deviation", "log10 deviation", True), ("uncertainty", "log10 uncertainty", True), ("coverage", "coverage", False))
     grids = {}
     for method in methods:

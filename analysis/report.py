@@ -10,6 +10,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pandas as pd
+
 from analysis.composites import better_direction, composite_scores, per_cell_table
 from analysis.tables import load_results, markdown_table
 from ursa_ray.results import Location, is_uri
@@ -31,14 +33,11 @@ COST_METRICS = (
 )
 
 
-def composite_text(results_dir: str | Path | Location) -> str:
-    results = load_results(results_dir)
-    table = composite_scores(results.metrics, results.trials)
-    if table.empty:
-        return "no finished final-phase classification trials yet"
+def composite_text(scores: pd.DataFrame) -> str:
+    """The composite-score table (from :func:`~analysis.composites.composite_scores`) with its legend."""
     direction = better_direction()
-    legend = ", ".join(f"{c}: {direction[c]} is better" for c in table.columns if c in direction)
-    return markdown_table(table) + f"\n\n({legend}; averages over cells, see README)"
+    legend = ", ".join(f"{c}: {direction[c]} is better" for c in scores.columns if c in direction)
+    return markdown_table(scores) + f"\n\n({legend}; averages over cells, see README)"
 
 
 def write_report(results_dir: str | Path | Location, cost: bool = False) -> str:
@@ -64,8 +63,9 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool)
         sections += ["", "Failed trials:", ""] + [f"- `{r.trial_id}`: {r.error}" for r in failed.itertuples()]
 
     printed = []
-    composites = composite_text(where)
-    if not metrics.empty and (metrics["eval_set"] == "test").any() and "no finished" not in composites:
+    scores = composite_scores(metrics, trials) if not metrics.empty else pd.DataFrame()
+    if not scores.empty and (metrics["eval_set"] == "test").any():
+        composites = composite_text(scores)
         sections += ["", "## Composite scores", "", composites]
         printed += ["Composite scores", composites]
         sections += ["", "## Per-cell results (mean ± std over seeds)"]
@@ -97,7 +97,7 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool)
 
     from analysis.cost import cost_markdown
 
-    cost_text, cost_figures = cost_markdown(trials, metrics, figures_dir)
+    cost_text, cost_figures = cost_markdown(trials, metrics, scores, figures_dir)
     sections += ["", "## Compute cost: hyperparameter search + inference", "", cost_text, ""]
     sections += [f"![{p.stem}](figures/{p.name})" for p in cost_figures]
     if cost:

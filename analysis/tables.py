@@ -50,13 +50,3 @@ def markdown_table(frame: pd.DataFrame, digits: int = 3, index: bool = True) -> 
     for row in table.itertuples(index=False):
         lines.append("| " + " | ".join(format_number(v, digits) for v in row) + " |")
     return "\n".join(lines)
-
-
-def mean_pm_std(frame: pd.DataFrame, by: list[str], value: str = "value", digits: int = 3) -> pd.DataFrame:
-    """Mean ± standard deviation (over the rows of each group, e.g. seeds) as text."""
-    grouped = frame.groupby(by, dropna=False)[value].agg(["mean", "std", "count"])
-    text = grouped.apply(
-        lambda r: f"{format_number(r['mean'], digits)} ± {format_number(0.0 if math.isnan(r['std']) else r['std'], digits)}",
-        axis=1,
-    )
-    return text.rename("mean ± std").to_frame()
