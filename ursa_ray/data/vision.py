@@ -36,7 +36,6 @@ to float tensors once per load.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -159,22 +158,16 @@ def _how_to_get(source: _Source, root: Path) -> str:
     )
 
 
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _check_source(source: _Source, root: Path, verify: bool = True) -> None:
     """Raise :class:`DatasetMissing` if a file torchvision needs is absent or (with ``verify``, unless
     ``URSA_SKIP_CHECKSUMS`` is set) fails its MD5 sum."""
+    from torchvision.datasets.utils import check_md5  # torchvision only where image data is used
+
     verify = verify and not skip_checksums()
     for path, md5 in _expected_files(source, root):
         if not path.is_file():
             raise DatasetMissing(f"dataset {source.name!r} not found: no file {path}; {_how_to_get(source, root)}")
-        if verify and md5 is not None and _md5(path) != md5:
+        if verify and md5 is not None and not check_md5(path, md5):
             raise DatasetMissing(
                 f"dataset {source.name!r}: {path} does not match torchvision's MD5 checksum (corrupt or partial "
                 f"download); delete it and {_how_to_get(source, root)} (or set {SKIP_CHECKSUMS_ENV}=1 to accept it)"
