@@ -13,6 +13,7 @@ from ursa_ray.methods import get_method
 from ursa_ray.methods.base import Problem, flat_parameters, load_flat_parameters, resolve_config
 from ursa_ray.methods.subspace import elliptical_slice, pca_basis, subspace_log_likelihood
 from ursa_ray.methods.swag import fit_swa
+from exact_blr import batch_means_mcse
 from small_problems import regression_problem as shared_problem
 
 
@@ -49,13 +50,6 @@ def run_chain(log_lik_fn, n_steps: int, seed: int) -> tuple[torch.Tensor, int]:
     return torch.stack(chain), evals
 
 
-def batch_means_mcse(chain: torch.Tensor, n_batches: int = 40) -> torch.Tensor:
-    """Monte Carlo standard error of the mean of each column, by non-overlapping batch means."""
-    size = chain.shape[0] // n_batches
-    means = chain[: size * n_batches].reshape(n_batches, size, -1).mean(1)
-    return means.std(0) / math.sqrt(n_batches)
-
-
 def test_ess_leaves_gaussian_posterior_invariant():
     """Prior N(0, 2² I), likelihood ∝ N(z; m, Λ⁻¹) → posterior N(μ, Σ), Σ = (I/4 + Λ)⁻¹, μ = Σ Λ m."""
     post_cov = torch.linalg.inv(torch.eye(2, dtype=torch.float64) / PRIOR_STD**2 + LIK_PRECISION)
@@ -63,7 +57,7 @@ def test_ess_leaves_gaussian_posterior_invariant():
 
     chain, _ = run_chain(gaussian_log_lik, 20000, seed=0)
     chain = chain[500:]
-    mcse = batch_means_mcse(chain)
+    mcse = batch_means_mcse(chain, n_batches=40)
     assert ((chain.mean(0) - post_mean).abs() < 3 * mcse).all(), (chain.mean(0), post_mean, mcse)
     sample_cov = torch.cov(chain.T)
     variance_ratio = torch.diagonal(sample_cov) / torch.diagonal(post_cov)
@@ -77,7 +71,7 @@ def test_ess_leaves_gaussian_posterior_invariant():
 def test_ess_with_flat_likelihood_samples_the_prior():
     chain, evals = run_chain(lambda z: 0.0, 5000, seed=1)
     assert evals == 1 + 5000  # the start point, then the first proposal accepted every time
-    assert (chain.mean(0).abs() < 3 * batch_means_mcse(chain)).all()
+    assert (chain.mean(0).abs() < 3 * batch_means_mcse(chain, n_batches=40)).all()
     variance_ratio = chain.var(0) / PRIOR_STD**2
     assert ((variance_ratio - 1).abs() < 0.1).all(), variance_ratio
 
