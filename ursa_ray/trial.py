@@ -117,14 +117,16 @@ def run_trial(
     if model_spec.needs_feature_map:
         model_kwargs["feature_map"] = ds.feature_map
 
+    n_params = 0  # of the model as built (before a method adds its own parameters), set by the first build
+
     def make_model() -> torch.nn.Module:
+        nonlocal n_params
         model = model_spec.build(ds.input_shape, ds.n_outputs, **model_kwargs).to(device)
         if device.type == "cuda" and len(ds.input_shape) == 3:
             model = model.to(memory_format=torch.channels_last)
+        n_params = n_params or sum(p.numel() for p in model.parameters())
         return model
 
-    with torch.random.fork_rng(devices=[]):
-        n_params = sum(p.numel() for p in make_model().parameters())
     likelihood = Categorical() if ds.task == "classification" else Gaussian(float(ds.noise_std))
     problem = Problem(train_x, train_y, likelihood, make_model, generator, device, ds.augment)
     method = methods.get_method(spec["method"])
