@@ -178,7 +178,7 @@ class ResultsCallback(tune.Callback):
         selection = {k: float(v) for k, v in last.items() if k.startswith("val_") and isinstance(v, (int, float))}
         n_cpus, n_gpus = self.resources.get("CPU", 0.0), self.resources.get("GPU", 0.0)
         row = {
-            **{k: v for k, v in record.items() if k not in ("traceback", "trial_wall_s")},
+            **record,
             "trial_id": spec["trial_id"],
             "phase": spec["phase"],
             "cell": spec["cell"],
