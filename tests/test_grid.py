@@ -57,6 +57,7 @@ BAD = [
     (variant(methods=[]), "methods: expected a non-empty list of methods"),
     (variant(models=[]), "models: expected a non-empty list of models"),
     (variant(datasets=[]), "datasets: expected a non-empty list of datasets"),
+    (variant(datasets=["digits", "digits"]), "datasets: each dataset may appear once"),
     (variant(seeds=[]), "seeds: expected an integer n (seeds 0..n-1) or a non-empty list"),
     (variant(seeds=[0, -1]), "seeds[1]: expected an integer >= 0, got -1"),
     (variant(seeds=[0, 1.5]), "seeds[1]: expected an integer >= 0, got 1.5"),

@@ -298,6 +298,8 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
             complexity = tuple(checked)
         options = _check_options(path, f"{where}.options", spec.options, item.get("options"))
         dataset_entries.append(DatasetEntry(item["name"], spec.task, tuple(ood), complexity, options))
+    if len({d.name for d in dataset_entries}) != len(dataset_entries):  # a cell is named by its dataset
+        raise _fail(path, "datasets", "each dataset may appear once")
 
     budget_raw = raw.get("budget") or {}
     if not isinstance(budget_raw, dict):
