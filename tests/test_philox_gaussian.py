@@ -36,21 +36,32 @@ def reference_philox(counters: np.ndarray, key: tuple[int, int]) -> np.ndarray:
     return np.stack(c, axis=1)
 
 
-def reference_normals(key: int, draw: int, n: int) -> np.ndarray:
-    """The values add_standard_normal adds, computed in float64 with numpy's ln, sin, cos."""
-    blocks = n // 4
-    counters = np.zeros((blocks + 1, 4), dtype=np.uint64)
-    counters[:, 0] = np.arange(blocks + 1)
+def reference_lane_values(key: int, draw: int, lanes: int) -> np.ndarray:
+    """(lanes, 16): the normals of lanes 0..lanes−1, computed in float64 with numpy's ln, sin, cos."""
+    counters = np.zeros((3 * lanes, 4), dtype=np.uint64)  # blocks 3l, 3l + 1, 3l + 2 of lane l
+    counters[:, 0] = np.arange(3 * lanes)
     counters[:, 1], counters[:, 2] = draw & 0xFFFFFFFF, draw >> 32
-    words = reference_philox(counters, (key & 0xFFFFFFFF, key >> 32))
-    values = []  # (blocks + 1, 4): z0..z3 of each block
-    for radius_word, angle_word in ((words[:, 0], words[:, 1]), (words[:, 2], words[:, 3])):
-        r = np.sqrt(-2.0 * np.log(((radius_word >> np.uint64(9)) + 0.5) * 2.0**-23))
-        angle = 2.0 * np.pi * (angle_word >> np.uint64(8)) * 2.0**-24
-        values += [r * np.cos(angle), r * np.sin(angle)]
-    values = np.stack(values, axis=1)
-    # planes: element j*blocks + b is z_j of block b; the tail takes z0, z1, z2 of block `blocks`
-    return np.concatenate([values[:blocks].T.reshape(-1), values[blocks, : n - 4 * blocks]])
+    words = reference_philox(counters, (key & 0xFFFFFFFF, key >> 32)).reshape(lanes, 12)
+    values = []  # two Box–Muller pairs from each of the four word triples
+    for i in range(4):
+        a, b, c = words[:, 3 * i], words[:, 3 * i + 1], words[:, 3 * i + 2]
+        for radius_word, angle_bits in ((a, ((c >> 16) << 8) | (a & 0xFF)), (b, ((c & 0xFFFF) << 8) | (b & 0xFF))):
+            r = np.sqrt(-2.0 * np.log((2 * (radius_word >> 9) + 1) * 2.0**-24))
+            s = (angle_bits & (2**22 - 1)).astype(np.float64)
+            angle = (np.pi / 2) * ((angle_bits >> 22) + (s - 2**21 + 0.5) * 2.0**-22)
+            values += [r * np.cos(angle), r * np.sin(angle)]
+    return np.stack(values, axis=1)
+
+
+def reference_normals(key: int, draw: int, n: int) -> np.ndarray:
+    """The values add_standard_normal adds to n elements: chunks of 1000 lanes as 16 planes, then the rest."""
+    chunks, rest = divmod(n, 16_000)
+    rest_lanes = rest // 16
+    values = reference_lane_values(key, draw, 1000 * chunks + rest_lanes + 1)
+    out = [values[1000 * c : 1000 * (c + 1)].T.reshape(-1) for c in range(chunks)]  # value j of lane i at 1000j + i
+    out.append(values[1000 * chunks : 1000 * chunks + rest_lanes].T.reshape(-1))
+    out.append(values[1000 * chunks + rest_lanes, : rest % 16])  # the tail: the first values of one more lane
+    return np.concatenate(out)
 
 
 @pytest.mark.parametrize(("counter", "key", "expected"), KNOWN_ANSWERS)
@@ -59,7 +70,7 @@ def test_philox_known_answers(counter, key, expected):
     assert tuple(reference_philox(np.array([counter], dtype=np.uint64), key)[0]) == expected
 
 
-@pytest.mark.parametrize("n", [4 * 50_000, 50_003, 10, 3])
+@pytest.mark.parametrize("n", [32_000, 50_003, 16 * 700, 15, 3])
 def test_values_match_float64_box_muller_of_the_same_words(n):
     key, draw = 0x0123456789ABCDEF, 2**40 + 7
     out = standard_normal(n, key, draw, np.float32)
@@ -96,13 +107,15 @@ def test_draws_and_box_muller_pairs_are_uncorrelated():
     bound = 4 / math.sqrt(n)
     assert abs(np.corrcoef(first, second)[0, 1]) < bound
     assert abs(np.corrcoef(first, other_key)[0, 1]) < bound
-    cos_plane, sin_plane = first.reshape(4, -1)[:2]  # the two values of each Box–Muller pair
-    assert abs(np.corrcoef(cos_plane, sin_plane)[0, 1]) < 4 / math.sqrt(n // 4)
-    assert abs(np.corrcoef(cos_plane**2, sin_plane**2)[0, 1]) < 4 / math.sqrt(n // 4)
+    planes = first[: 16_000 * (n // 16_000)].reshape(-1, 16, 1000)  # (chunk, value j of a lane, lane)
+    cos_plane, sin_plane, next_cos_plane = (planes[:, j].reshape(-1) for j in range(3))  # a pair, the next pair
+    for other in (sin_plane, next_cos_plane):
+        assert abs(np.corrcoef(cos_plane, other)[0, 1]) < 4 / math.sqrt(cos_plane.size)
+        assert abs(np.corrcoef(cos_plane**2, other**2)[0, 1]) < 4 / math.sqrt(cos_plane.size)
 
 
 def test_values_do_not_depend_on_the_number_of_threads():
-    n = 4 * 3 * 4096 + 3  # three parallel chunks and a tail
+    n = 3 * 16_000 + 16 * 5 + 3  # three parallel chunks, a short last chunk and a tail
     one, two = np.ones(n, dtype=np.float32), np.ones(n, dtype=np.float32)
     add_standard_normal(one, 11, 4, sigma=0.5, shrink=0.9, threads=1)
     add_standard_normal(two, 11, 4, sigma=0.5, shrink=0.9, threads=2)
