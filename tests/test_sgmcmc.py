@@ -18,7 +18,7 @@ import torch
 
 from exact_blr import batch_means_mcse, make_blr_problem, potential
 from ursa_ray.methods import get_method, sgmcmc
-from ursa_ray.methods._sgmcmc_kernels import GaussianNoise, cyclical_lr
+from ursa_ray.methods._sgmcmc_kernels import GaussianNoise, cyclical_lr, momentum_step_
 from ursa_ray.methods.base import flat_parameters, resolve_config
 
 PRIOR_STD = 1.0
@@ -195,6 +195,22 @@ def test_first_sghmc_step_goes_downhill():
         assert potential(problem, theta1[seed], PRIOR_STD) < potential(problem, theta0[seed], PRIOR_STD)
     along = ((theta1 - theta0) * grads).sum(1) / (etas * (grads**2).sum(1))  # −1 for an exact gradient step
     assert abs(along.mean().item() + 1.0) < 0.1, along.tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_momentum_step_is_the_three_torch_operations_in_one_pass(dtype):
+    """SGHMC's v ← keep·v − lr·g − decay·θ, θ ← θ + v (numba on the CPU) against torch's own arithmetic."""
+    generator = torch.Generator().manual_seed(0)
+    theta, velocity, grad = (torch.randn(1003, generator=generator, dtype=dtype) for _ in range(3))
+    expected_velocity = 0.9 * velocity - 0.01 * grad - 1e-4 * theta
+    expected_theta = theta + expected_velocity
+    momentum_step_(theta, velocity, grad, keep=0.9, lr=0.01, decay=1e-4)
+    torch.testing.assert_close(velocity, expected_velocity)
+    torch.testing.assert_close(theta, expected_theta)
+    with pytest.raises(ValueError, match="one length"):
+        momentum_step_(theta, velocity[:-1], grad, keep=1.0, lr=1.0, decay=1.0)
+    with pytest.raises(ValueError, match="share a float32/float64 dtype"):
+        momentum_step_(theta, velocity.to(torch.float16), grad, keep=1.0, lr=1.0, decay=1.0)
 
 
 @pytest.mark.parametrize(

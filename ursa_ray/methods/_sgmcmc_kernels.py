@@ -6,6 +6,8 @@
 * :class:`GaussianNoise` fills one preallocated buffer with N(0, I) draws, seeded from the problem's
   generator (reproducible per seed; it leaves the problem's generator to the mini-batch order); on the
   CPU from the vectorised Philox kernel of :mod:`ursa_ray.methods._philox_gaussian`.
+* :func:`momentum_step_` is SGHMC's deterministic update (one numba pass on the CPU,
+  :mod:`ursa_ray.methods._momentum_cpu`).
 * :func:`langevin_noise_std` is the single place where the injected-noise scale is computed.
 * The step-size schedules: constant, URSABench's cosine annealing to lr/2, and the cyclical cosine of
   Zhang et al. (2020).
@@ -68,7 +70,7 @@ class GaussianNoise:
     does target ← shrink·target + sigma·ξ.
 
     On the CPU: one pass of :func:`~ursa_ray.methods._philox_gaussian.add_standard_normal` (Philox4x32-10
-    + vectorised Box–Muller, about 2.5× faster than ``Tensor.normal_`` on one thread, no noise buffer), on
+    + vectorised Box–Muller, about 3× faster than ``Tensor.normal_`` on one thread, no noise buffer), on
     as many threads as torch has (the trial's CPU share); the key is drawn from ``seed_from`` and each call
     uses the next counter.  On other devices: ``normal_`` into a buffer, with a generator of its own on
     that device (Philox there already).  Either way the problem's generator is touched once, at
@@ -96,6 +98,18 @@ class GaussianNoise:
             self._add_on_cpu(target.numpy(), self._key, self.draws, sigma, shrink, threads=torch.get_num_threads())
         self.draws += 1
         return target
+
+
+def momentum_step_(theta: Tensor, velocity: Tensor, grad: Tensor, keep: float, lr: float, decay: float) -> None:
+    """In place: velocity ← keep·velocity − lr·grad − decay·theta, then theta ← theta + velocity; one pass
+    on the CPU, three torch operations on other devices."""
+    if theta.device.type == "cpu":
+        from ursa_ray.methods._momentum_cpu import momentum_step  # numba: only where used
+
+        momentum_step(theta.numpy(), velocity.numpy(), grad.numpy(), keep, lr, decay)
+    else:
+        velocity.mul_(keep).add_(grad, alpha=-lr).add_(theta, alpha=-decay)
+        theta.add_(velocity)
 
 
 def langevin_noise_std(step: float, temperature: float, friction: float = 1.0) -> float:

@@ -52,6 +52,7 @@ from ursa_ray.methods._sgmcmc_kernels import (
     cosine_lr,
     cyclical_lr,
     langevin_noise_std,
+    momentum_step_,
 )
 from ursa_ray.methods.base import Hyperparameter, Predictor, Problem
 
@@ -200,13 +201,12 @@ class _SGMCMC:
                             theta.mul_(1.0 - lr * decay)
                         theta.add_(grad, alpha=-lr)
                     else:
-                        # v ← (1−α)v − η∇Ũ + √(2αηT)ξ ;  θ ← θ + v
+                        # v ← (1−α)v − η∇Ũ + √(2αηT)ξ ;  θ ← θ + v  (the friction with the noise, if any)
+                        keep = 1.0 - alpha
                         if sigma > 0.0:
-                            noise.add_to_(velocity, sigma, shrink=1.0 - alpha)
-                        else:
-                            velocity.mul_(1.0 - alpha)
-                        velocity.add_(grad, alpha=-lr).add_(theta, alpha=-lr * decay)
-                        theta.add_(velocity)
+                            noise.add_to_(velocity, sigma, shrink=keep)
+                            keep = 1.0
+                        momentum_step_(theta, velocity, grad, keep, lr, lr * decay)
                 step += 1
                 if next_sample < len(sample_steps) and step == sample_steps[next_sample]:
                     flat.check_finite(loss.detach(), f"at step {step} (epoch {epoch + 1})")
