@@ -211,7 +211,7 @@ def main() -> None:
     sgmcmc_section(
         "digits-sized", 1437, 64, epochs=5 if quick else 10, repeats=3 if quick else 7, batch_size=128, flops=flops
     )
-    sgmcmc_section("MNIST-sized", 60000, 784, epochs=1, repeats=2 if quick else 4, batch_size=128, flops=flops)
+    sgmcmc_section("MNIST-sized", 60000, 784, epochs=1, repeats=2 if quick else 6, batch_size=128, flops=flops)
     hmc_section("digits-sized", 1437, 64, passes=20 if quick else 40, repeats=3 if quick else 5)
     hmc_section("MNIST-sized", 10000 if quick else 60000, 784, passes=3, repeats=2 if quick else 3)
 
