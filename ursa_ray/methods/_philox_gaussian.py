@@ -5,7 +5,7 @@ SGLD and SGHMC draw one N(0, I) vector of every parameter at every step.  On one
 in all), which made the draw 21–47% of a plain SGD epoch; numpy's generators, MKL's (through
 ``mkl_random``), JAX's and an inductor-compiled kernel were measured no faster than 2.5 ns
 (``benchmarks/bench_samplers.py`` prints the comparison with ``normal_``).  This module compiles one loop
-with numba that LLVM vectorises (AVX2: eight lanes), at about 1.3 ns per normal:
+with numba that LLVM vectorises (AVX2: eight lanes), at about 1.4 ns per normal on one thread:
 
 * **Bits**: Philox4x32-10 (Salmon, Moraes, Dror & Shaw 2011, "Parallel random numbers: as easy as 1, 2,
   3"), the counter-based generator of cuRAND and of torch on CUDA.  Block ``c`` of a draw is the
@@ -21,8 +21,8 @@ with numba that LLVM vectorises (AVX2: eight lanes), at about 1.3 ns per normal:
 
 Lane l of a draw is Philox blocks 3l, 3l + 1, 3l + 2 and yields 16 values.  The target is cut into
 chunks of 16,000 values; chunk c holds lanes 1000c, …, 1000c + 999 as 16 planes of 1000 (value j of lane
-1000c + i at 16000c + 1000j + i).  The last m < 16,000 values hold the next ⌊m/16⌋
-lanes as 16 planes of ⌊m/16⌋, and their last m mod 16 the first values of one more lane.  The kernel adds
+1000c + i at 16000c + 1000j + i).  The last m < 16,000 values hold the next ⌊m/16⌋ lanes as 16 planes of
+⌊m/16⌋, and their last m mod 16 the first values of one more lane.  The kernel adds
 the values in the same pass as it scales the target (for SGLD the prior's shrink,
 θ ← (1 − η/σₚ²)θ + √(2ηT)ξ), so no noise buffer is written or read back.  With ``threads`` > 1 the chunks
 are split over numba threads (``prange``), for trials holding more than one CPU; the values do not depend
