@@ -3,9 +3,9 @@
 * :class:`FlatModel` re-seats a network's parameters and gradients as views into two flat vectors, so
   that every sampler update is a handful of in-place operations on one contiguous tensor (no per-layer
   Python loop, no temporaries).
-* :class:`GaussianNoise` fills one preallocated buffer with N(0, I) draws, seeded from the problem's
-  generator (reproducible per seed; it leaves the problem's generator to the mini-batch order); on the
-  CPU from the vectorised Philox kernel of :mod:`ursa_ray.methods._philox_gaussian`.
+* :class:`GaussianNoise` adds fresh N(0, I) draws to a flat vector, seeded from the problem's generator
+  (reproducible per seed; it leaves the problem's generator to the mini-batch order); on the CPU with the
+  vectorised Philox kernel of :mod:`ursa_ray.methods._philox_gaussian`.
 * :func:`momentum_step_` is SGHMC's deterministic update (one numba pass on the CPU,
   :mod:`ursa_ray.methods._momentum_cpu`).
 * :func:`langevin_noise_std` is the single place where the injected-noise scale is computed.
