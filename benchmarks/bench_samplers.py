@@ -10,11 +10,17 @@
 * HMC full-batch gradient evaluations per second ÷ plain full-batch forward + backward passes per second
   of the same ``nn.Module`` (target ≥ 0.9).
 * For context, the cost of one N(0, I) draw of all parameters, which SGLD/SGHMC pay every step and plain
-  SGD does not: torch's ``normal_`` (MT19937) beside the Philox kernel the samplers use on the CPU
-  (``ursa_ray/methods/_philox_gaussian.py``); and SGLD at temperature 0 (the same loop without the draw).
+  SGD does not: torch's ``normal_`` (MT19937) beside the two CPU kernels of ``GaussianNoise``, the AES one
+  the samplers use where the CPU has AES instructions (``ursa_ray/methods/_aes_gaussian.py``) and the
+  Philox one they use elsewhere (``ursa_ray/methods/_philox_gaussian.py``); and SGLD at temperature 0
+  (the same loop without the draw).
 
-Timings are repeated with the variants interleaved; a ratio is reported from the best (minimum) times,
-with the median-time ratio beside it, since other processes on a shared machine only ever add time.
+Timings are repeated with the variants interleaved (each repeat runs every variant once, back to back).
+Three ratios are printed: of the best (minimum) times, since other processes on a shared machine only
+ever add time; the median over repeats of the ratio within a repeat; and, for the SG-MCMC epochs, the ratio
+of the median time of a step (from a mini-batch handed out to the next one asked for, so without the
+shuffle and gather all variants share, over every step of every repeat), which a burst of load on the
+machine moves least.
 By default torch runs on one thread (a trial with ``cpu: 1``) and times are the process's CPU time,
 which other processes competing for the cores hardly disturb; with ``--threads N`` (N > 1) they are
 wall-clock times.
@@ -25,21 +31,39 @@ wall-clock times.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from ursa_ray.methods import get_method
+from ursa_ray.methods._aes_gaussian import AESGaussian, aes_available
+from ursa_ray.methods._philox_gaussian import add_standard_normal
 from ursa_ray.methods._sgmcmc_kernels import GaussianNoise
 from ursa_ray.methods.base import Categorical, Problem, resolve_config
 from ursa_ray.models.mlp import build_mlp
 
 
-def make_problem(n: int, d: int, seed: int = 0) -> Problem:
+@dataclass
+class StepTimedProblem(Problem):
+    """A problem that records how long its consumer works on each mini-batch (from handing one out to being
+    asked for the next): the step, without the shuffle and gather that every variant shares."""
+
+    step_times: list[float] = field(default_factory=list)
+
+    def minibatches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for batch in super().minibatches(batch_size):
+            start = clock()
+            yield batch
+            self.step_times.append(clock() - start)
+
+
+def make_problem(n: int, d: int, seed: int = 0) -> StepTimedProblem:
     data = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=data)
     y = torch.randint(0, 10, (n,), generator=data)
@@ -48,7 +72,7 @@ def make_problem(n: int, d: int, seed: int = 0) -> Problem:
     def make_model() -> nn.Module:
         return build_mlp((d,), 10, [200, 200])
 
-    return Problem(
+    return StepTimedProblem(
         x=x, y=y, likelihood=Categorical(), make_model=make_model, generator=generator, device=torch.device("cpu")
     )
 
@@ -107,10 +131,13 @@ def interleaved(variants: dict[str, Callable[[], object]], repeats: int) -> dict
     return times
 
 
-def ratio_line(label: str, num: list[float], den: list[float], target: str) -> str:
+def ratio_line(label: str, num: list[float], den: list[float], target: str, step_ratio: float | None = None) -> str:
+    """Best-time ratio, the median over repeats of the ratio within a repeat, and (where given) the ratio of
+    median step times."""
     best = min(num) / min(den)
-    median = statistics.median(num) / statistics.median(den)
-    return f"  {label:<44s} {best:6.3f}   (median {median:6.3f})   target {target}"
+    paired = statistics.median(a / b for a, b in zip(num, den))
+    step = "" if step_ratio is None else f"{step_ratio:11.3f}"
+    return f"  {label:<44s} {best:6.3f}   {paired:17.3f}   {step:>11s}   target {target}"
 
 
 def draw_seconds(fill: Callable[[torch.Tensor, torch.Generator], object], n: int, repeats: int = 50) -> float:
@@ -134,30 +161,40 @@ def sgmcmc_section(title: str, n: int, d: int, epochs: int, repeats: int, batch_
           f"{epochs} epoch(s) per run]")
     for name in ("sgld", "sghmc"):  # warm-up (registry import, allocator)
         sampler_epochs(name, make_problem(min(n, 2048), d), 1, batch_size)
+    problems = {name: dataclasses.replace(problem, step_times=[]) for name in ("sgd", "sgld", "sghmc", "sgld_t0")}
     times = interleaved(
         {
-            "sgd": lambda: sgd_epochs(problem, epochs, batch_size),
-            "sgld": lambda: sampler_epochs("sgld", problem, epochs, batch_size),
-            "sghmc": lambda: sampler_epochs("sghmc", problem, epochs, batch_size),
-            "sgld_t0": lambda: sampler_epochs("sgld", problem, epochs, batch_size, temperature=0.0),
+            "sgd": lambda: sgd_epochs(problems["sgd"], epochs, batch_size),
+            "sgld": lambda: sampler_epochs("sgld", problems["sgld"], epochs, batch_size),
+            "sghmc": lambda: sampler_epochs("sghmc", problems["sghmc"], epochs, batch_size),
+            "sgld_t0": lambda: sampler_epochs("sgld", problems["sgld_t0"], epochs, batch_size, temperature=0.0),
         },
         repeats,
     )
+    steps_median = {name: statistics.median(p.step_times) for name, p in problems.items()}
     sgd_epoch = min(times["sgd"]) / epochs
     floor = n * mult_adds_per_example(model) * 2 * 3 / flops
     steps = math.ceil(n / batch_size)
-    torch_draw = draw_seconds(lambda noise, gen: noise.normal_(generator=gen), n_params)
-    kernel = GaussianNoise(torch.empty(n_params), torch.Generator().manual_seed(0))
-    kernel_draw = draw_seconds(lambda noise, gen: kernel.add_to_(noise, 1e-3), n_params)
+    draws = {"torch normal_": draw_seconds(lambda noise, gen: noise.normal_(generator=gen), n_params)}
+    draws["Philox kernel"] = draw_seconds(lambda noise, gen: add_standard_normal(noise.numpy(), 1, 0, 1e-3), n_params)
+    if aes_available():
+        aes = AESGaussian(1)
+        draws["AES kernel"] = draw_seconds(lambda noise, gen: aes.add_to(noise.numpy(), 0, 1e-3), n_params)
+    bits = GaussianNoise(torch.empty(1), torch.Generator()).bits
     print(f"  plain SGD epoch {sgd_epoch * 1e3:9.1f} ms; matmul floor {floor * 1e3:8.1f} ms")
-    print(f"  one N(0,I) draw of all parameters, × {steps} steps, as a share of a plain SGD epoch: "
-          f"torch normal_ {torch_draw * 1e3:.3f} ms ({torch_draw * steps / sgd_epoch:.1%}); "
-          f"our Philox kernel, added in place {kernel_draw * 1e3:.3f} ms ({kernel_draw * steps / sgd_epoch:.1%})")
-    print(ratio_line("SGLD epoch / plain SGD epoch", times["sgld"], times["sgd"], "<= 1.15"))
-    print(ratio_line("SGHMC epoch / plain SGD epoch", times["sghmc"], times["sgd"], "<= 1.15"))
-    print(ratio_line("(SGLD at T=0, no noise drawn) / plain SGD", times["sgld_t0"], times["sgd"], "(context)"))
+    print(f"  one N(0,I) draw of all parameters (added in place), × {steps} steps, as a share of a plain SGD epoch "
+          f"(the samplers use {bits} here):")
+    print("    " + "; ".join(f"{k} {t * 1e3:.3f} ms ({t * steps / sgd_epoch:.1%})" for k, t in draws.items()))
+    print(f"  {'':<44s} {'best':>6s}   {'median of repeats':>17s}   {'median step':>11s}")
+    for name, label, target in (
+        ("sgld", "SGLD epoch / plain SGD epoch", "<= 1.15"),
+        ("sghmc", "SGHMC epoch / plain SGD epoch", "<= 1.15"),
+        ("sgld_t0", "(SGLD at T=0, no noise drawn) / plain SGD", "(context)"),
+    ):
+        step_ratio = steps_median[name] / steps_median["sgd"]
+        print(ratio_line(label, times[name], times["sgd"], target, step_ratio))
     print(f"  {'plain SGD epoch / matmul floor':<44s} {sgd_epoch / floor:6.3f}   "
-          f"(median {statistics.median(times['sgd']) / epochs / floor:6.3f})   target <= 2.5")
+          f"{statistics.median(times['sgd']) / epochs / floor:17.3f}   {'':>11s}   target <= 2.5")
 
 
 def hmc_section(title: str, n: int, d: int, passes: int, repeats: int) -> None:
@@ -191,6 +228,7 @@ def hmc_section(title: str, n: int, d: int, passes: int, repeats: int) -> None:
     print(f"  plain fwd+bwd {min(times['plain']) / (n_leapfrog + 1) * 1e3:9.1f} ms; "
           f"HMC gradient {min(times['hmc']) / (n_leapfrog + 1) * 1e3:9.1f} ms")
     # both runs do n_leapfrog + 1 gradients, so (grads/s HMC) / (passes/s plain) = t_plain / t_hmc
+    print(f"  {'':<44s} {'best':>6s}   {'median of repeats':>17s}")
     print(ratio_line("HMC grad evals/s / plain fwd+bwd passes/s", times["plain"], times["hmc"], ">= 0.9"))
 
 
@@ -211,7 +249,7 @@ def main() -> None:
     sgmcmc_section(
         "digits-sized", 1437, 64, epochs=5 if quick else 10, repeats=3 if quick else 7, batch_size=128, flops=flops
     )
-    sgmcmc_section("MNIST-sized", 60000, 784, epochs=1, repeats=2 if quick else 6, batch_size=128, flops=flops)
+    sgmcmc_section("MNIST-sized", 60000, 784, epochs=1, repeats=2 if quick else 10, batch_size=128, flops=flops)
     hmc_section("digits-sized", 1437, 64, passes=20 if quick else 40, repeats=3 if quick else 5)
     hmc_section("MNIST-sized", 10000 if quick else 60000, 784, passes=3, repeats=2 if quick else 3)
 

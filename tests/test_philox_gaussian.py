@@ -147,16 +147,24 @@ def test_rejects_bad_arguments(target, key, draw, message):
         add_standard_normal(np.empty(8, dtype=np.float32), 0, 0, threads=0)
 
 
-def test_gaussian_noise_on_cpu_uses_the_kernel_per_seed():
+def test_gaussian_noise_on_cpus_without_aes_uses_the_philox_kernel_per_seed(monkeypatch):
+    from ursa_ray.methods import _aes_gaussian
+
+    monkeypatch.setattr(_aes_gaussian, "aes_available", lambda: False)
+
     def draws(seed: int, n: int = 10, dtype=torch.float32) -> list[torch.Tensor]:
         noise = GaussianNoise(torch.zeros(n, dtype=dtype), torch.Generator().manual_seed(seed))
+        assert noise.bits == "philox4x32-10"
         return [noise.add_to_(torch.zeros(n, dtype=dtype), sigma=1.0) for _ in range(3)]
 
     a, b = draws(0), draws(0)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not torch.equal(a[0], a[1]) and not torch.equal(a[0], draws(1)[0])
     assert torch.equal(draws(0, dtype=torch.float64)[0], a[0].double())
+    key = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(0)))
+    np.testing.assert_array_equal(a[1].numpy(), standard_normal(10, key, 1))
     noise = GaussianNoise(torch.zeros(10), torch.Generator().manual_seed(0))
-    target = torch.ones(10)
-    noise.add_to_(target, sigma=0.0, shrink=0.5)
-    assert torch.equal(target, torch.full((10,), 0.5)) and noise.draws == 1
+    target, grad = torch.ones(10), torch.arange(10.0)
+    noise.add_to_(target, sigma=0.0, shrink=0.5, grad=grad, lr=0.1)  # the gradient term as a second pass
+    torch.testing.assert_close(target, 0.5 - 0.1 * grad)
+    assert noise.draws == 1

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from exact_blr import batch_means_mcse, make_blr_problem, potential
-from ursa_ray.methods import get_method, sgmcmc
+from ursa_ray.methods import _aes_gaussian, get_method, sgmcmc
 from ursa_ray.methods._sgmcmc_kernels import GaussianNoise, cyclical_lr, momentum_step_
 from ursa_ray.methods.base import flat_parameters, resolve_config
 
@@ -171,11 +171,17 @@ def exact_gradients(seeds: int, theta: torch.Tensor, eta_lambda: float = 0.03) -
     return torch.stack(grads), torch.tensor(etas, dtype=torch.float64)
 
 
+@pytest.mark.parametrize("bits", ["aes", "philox"])
 @pytest.mark.parametrize("name,friction", [("sgld", 1.0), ("sghmc", 0.3)])
 @pytest.mark.parametrize("temperature", [1.0, 0.25])
-def test_one_step_injects_noise_of_variance_2_alpha_eta_T(name, friction, temperature):
+def test_one_step_injects_noise_of_variance_2_alpha_eta_T(monkeypatch, bits, name, friction, temperature):
     """θ₁ − θ₀ + η∇U(θ₀) = √(2αηT)·ξ exactly (full batch, v₀ = 0).  Catches noise never added
-    (variance 0) and URSABench's √(2αη)/N scaling (variance 2αηT/N, here 1/256 of the target)."""
+    (variance 0) and URSABench's √(2αη)/N scaling (variance 2αηT/N, here 1/256 of the target).  Both CPU
+    generators: the fused AES updates and, as on CPUs without AES instructions, Philox."""
+    if bits == "aes" and not _aes_gaussian.aes_available():
+        pytest.skip("this CPU has no AES instructions")
+    if bits == "philox":
+        monkeypatch.setattr(_aes_gaussian, "aes_available", lambda: False)
     seeds = 60
     theta0, theta1 = first_steps(name, seeds, alpha=friction, temperature=temperature)
     grads, etas = exact_gradients(seeds, theta0)

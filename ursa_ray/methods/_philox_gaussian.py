@@ -1,5 +1,8 @@
 """Fast standard-normal vectors on the CPU: Philox4x32-10 counters through a vectorised Box–Muller transform.
 
+SGLD/SGHMC use this kernel on CPUs without AES instructions (on x86-64 with them, the AES kernel of
+:mod:`ursa_ray.methods._aes_gaussian`, which reuses the float32 Box–Muller constants defined here).
+
 SGLD and SGHMC draw one N(0, I) vector of every parameter at every step.  On one CPU thread torch's
 ``Tensor.normal_`` spends about 3 ns per value in its scalar MT19937 generator alone (4–6 ns per normal
 in all), which made the draw 21–47% of a plain SGD epoch; numpy's generators, MKL's (through

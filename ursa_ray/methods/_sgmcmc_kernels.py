@@ -5,7 +5,8 @@
   Python loop, no temporaries).
 * :class:`GaussianNoise` adds fresh N(0, I) draws to a flat vector, seeded from the problem's generator
   (reproducible per seed; it leaves the problem's generator to the mini-batch order); on the CPU with the
-  vectorised Philox kernel of :mod:`ursa_ray.methods._philox_gaussian`.
+  vectorised AES kernel of :mod:`ursa_ray.methods._aes_gaussian` (SGLD's gradient step in the same pass),
+  or the Philox kernel of :mod:`ursa_ray.methods._philox_gaussian` on CPUs without AES instructions.
 * :func:`momentum_step_` is SGHMC's deterministic update (one numba pass on the CPU,
   :mod:`ursa_ray.methods._momentum_cpu`).
 * :func:`langevin_noise_std` is the single place where the injected-noise scale is computed.
@@ -66,38 +67,77 @@ class FlatModel:
 
 
 class GaussianNoise:
-    """Fresh N(0, I) vectors ξ added to a flat parameter-sized tensor: ``add_to_(target, sigma, shrink)``
-    does target ← shrink·target + sigma·ξ.
+    """Fresh N(0, I) vectors ξ added to a flat parameter-sized tensor: ``add_to_(target, sigma, shrink,
+    grad, lr)`` does target ← shrink·target − lr·grad + sigma·ξ in place.
 
-    On the CPU: one pass of :func:`~ursa_ray.methods._philox_gaussian.add_standard_normal` (Philox4x32-10
-    + vectorised Box–Muller, about 3× faster than ``Tensor.normal_`` on one thread, no noise buffer), on
-    as many threads as torch has (the trial's CPU share); the key is drawn from ``seed_from`` and each call
-    uses the next counter.  On other devices: ``normal_`` into a buffer, with a generator of its own on
-    that device (Philox there already).  Either way the problem's generator is touched once, at
-    construction, and left to the mini-batch order."""
+    On the CPU, one pass over the target: AES-128 counter blocks through a vectorised Box–Muller transform
+    (:mod:`ursa_ray.methods._aes_gaussian`) on x86-64 CPUs with AES instructions, else Philox4x32-10
+    (:mod:`ursa_ray.methods._philox_gaussian`, the gradient term as a second pass); 3–4× faster than
+    ``Tensor.normal_`` on one thread and with no noise buffer.  It runs on as many threads as torch has
+    (the trial's CPU share); the key is drawn from ``seed_from`` and each call uses the next counter.  The
+    two generators give different (equally distributed) values for a seed.  On other devices: ``normal_``
+    into a buffer, with a generator of its own on that device (Philox there already).  Either way the
+    problem's generator is touched once, at construction, and left to the mini-batch order."""
 
     def __init__(self, like: Tensor, seed_from: torch.Generator):
         seed = int(torch.randint(0, 2**62, (1,), generator=seed_from))
         self.draws = 0
+        self._aes = self._philox = None
         if like.device.type == "cpu":
-            from ursa_ray.methods._philox_gaussian import add_standard_normal  # numba: only where used
+            from ursa_ray.methods import _aes_gaussian  # llvmlite/numba: only where used
 
-            self._add_on_cpu = add_standard_normal
-            self._key = seed
+            if _aes_gaussian.aes_available():
+                self._aes = _aes_gaussian.AESGaussian(seed)
+            else:
+                from ursa_ray.methods._philox_gaussian import add_standard_normal
+
+                self._philox = add_standard_normal
+                self._key = seed
         else:
-            self._add_on_cpu = None
             self._generator = torch.Generator(device=like.device)
             self._generator.manual_seed(seed)
             self._buffer = torch.empty_like(like)
 
-    def add_to_(self, target: Tensor, sigma: float, shrink: float = 1.0) -> Tensor:
-        """target ← shrink·target + sigma·ξ with a fresh ξ, in place; returns ``target``."""
-        if self._add_on_cpu is None:
-            target.mul_(shrink).add_(self._buffer.normal_(generator=self._generator), alpha=sigma)
+    @property
+    def bits(self) -> str:
+        """The bit generator: "aes-128" or "philox4x32-10" on the CPU, "torch" elsewhere."""
+        return "aes-128" if self._aes is not None else "philox4x32-10" if self._philox is not None else "torch"
+
+    def add_to_(
+        self, target: Tensor, sigma: float, shrink: float = 1.0, grad: Tensor | None = None, lr: float = 0.0
+    ) -> Tensor:
+        """target ← shrink·target − lr·grad + sigma·ξ with a fresh ξ, in place; returns ``target``."""
+        threads = torch.get_num_threads()
+        if self._aes is not None:
+            self._aes.add_to(
+                target.numpy(), self.draws, sigma, shrink, None if grad is None else grad.numpy(), lr, threads
+            )
+        elif self._philox is not None:
+            self._philox(target.numpy(), self._key, self.draws, sigma, shrink, threads=threads)
+            if grad is not None:
+                target.add_(grad, alpha=-lr)
         else:
-            self._add_on_cpu(target.numpy(), self._key, self.draws, sigma, shrink, threads=torch.get_num_threads())
+            target.mul_(shrink).add_(self._buffer.normal_(generator=self._generator), alpha=sigma)
+            if grad is not None:
+                target.add_(grad, alpha=-lr)
         self.draws += 1
         return target
+
+    def momentum_step_(
+        self, theta: Tensor, velocity: Tensor, grad: Tensor, sigma: float, keep: float, lr: float, decay: float
+    ) -> None:
+        """SGHMC's noisy update in place: velocity ← keep·velocity − lr·grad − decay·theta + sigma·ξ with a
+        fresh ξ, then theta ← theta + velocity (one pass with the AES kernel; else the noise, then
+        :func:`momentum_step_`)."""
+        if self._aes is not None:
+            self._aes.momentum_step(
+                theta.numpy(), velocity.numpy(), grad.numpy(), self.draws, sigma, keep, lr, decay,
+                torch.get_num_threads(),
+            )
+            self.draws += 1
+        else:
+            self.add_to_(velocity, sigma, shrink=keep)
+            momentum_step_(theta, velocity, grad, 1.0, lr, decay)
 
 
 def momentum_step_(theta: Tensor, velocity: Tensor, grad: Tensor, keep: float, lr: float, decay: float) -> None:

@@ -196,17 +196,15 @@ class _SGMCMC:
                     if velocity is None:
                         # θ ← θ − η∇Ũ + √(2ηT)ξ with η = lr/N (the prior's share of ∇Ũ as the shrink)
                         if sigma > 0.0:
-                            noise.add_to_(theta, sigma, shrink=1.0 - lr * decay)
+                            noise.add_to_(theta, sigma, shrink=1.0 - lr * decay, grad=grad, lr=lr)
                         else:
-                            theta.mul_(1.0 - lr * decay)
-                        theta.add_(grad, alpha=-lr)
+                            theta.mul_(1.0 - lr * decay).add_(grad, alpha=-lr)
                     else:
-                        # v ← (1−α)v − η∇Ũ + √(2αηT)ξ ;  θ ← θ + v  (the friction with the noise, if any)
-                        keep = 1.0 - alpha
+                        # v ← (1−α)v − η∇Ũ + √(2αηT)ξ ;  θ ← θ + v
                         if sigma > 0.0:
-                            noise.add_to_(velocity, sigma, shrink=keep)
-                            keep = 1.0
-                        momentum_step_(theta, velocity, grad, keep, lr, lr * decay)
+                            noise.momentum_step_(theta, velocity, grad, sigma, 1.0 - alpha, lr, lr * decay)
+                        else:
+                            momentum_step_(theta, velocity, grad, 1.0 - alpha, lr, lr * decay)
                 step += 1
                 if next_sample < len(sample_steps) and step == sample_steps[next_sample]:
                     flat.check_finite(loss.detach(), f"at step {step} (epoch {epoch + 1})")
