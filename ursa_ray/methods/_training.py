@@ -87,7 +87,7 @@ def train_sgd(
     )
     if loss_fn is None:
         def loss_at(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
-            return -problem.likelihood.log_prob(model(xb), yb).mean()
+            return problem.likelihood.nll(model(xb), yb)
     else:
         def loss_at(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
             return loss_fn(model, xb, yb)
@@ -112,7 +112,7 @@ def train_adam(
     optimiser = torch.optim.Adam(model.parameters(), lr=config["lr"])
 
     def loss_at(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
-        return -problem.likelihood.log_prob(model(xb), yb).mean() + regulariser(progress)
+        return problem.likelihood.nll(model(xb), yb) + regulariser(progress)
 
     steps, loss = _minimise(model, problem, config, optimiser, config["epochs"], loss_at)
     stats["grad_evals"] = stats.get("grad_evals", 0.0) + steps

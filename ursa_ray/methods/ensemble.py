@@ -44,7 +44,7 @@ def input_step_size(x: Tensor, epsilon: float) -> Tensor:
 def fgsm(model: nn.Module, likelihood: Likelihood, xb: Tensor, yb: Tensor, step: Tensor) -> tuple[Tensor, Tensor]:
     """Clean loss ℓ(x) (with its graph kept, for the parameter gradient) and x' = x + δ ⊙ sign(∇ₓ ℓ(x))."""
     x = xb.detach().requires_grad_(True)
-    loss = -likelihood.log_prob(model(x), yb).mean()
+    loss = likelihood.nll(model(x), yb)
     (grad_x,) = torch.autograd.grad(loss, x, retain_graph=True)
     return loss, (xb + step * grad_x.sign()).detach()
 
@@ -57,7 +57,7 @@ def train_adversarial(
 
     def adversarial_loss(net: nn.Module, xb: Tensor, yb: Tensor) -> Tensor:
         clean_loss, x_adv = fgsm(net, problem.likelihood, xb, yb, step)
-        return 0.5 * (clean_loss - problem.likelihood.log_prob(net(x_adv), yb).mean())
+        return 0.5 * (clean_loss + problem.likelihood.nll(net(x_adv), yb))
 
     return _training.train_sgd(model, problem, config, stats, loss_fn=adversarial_loss, grad_evals_per_step=3)
 

@@ -44,7 +44,7 @@ def make_potential(
     with ``torch.autograd.grad`` (more with ``torch.func.grad_and_value``), so it is what HMC uses.
     """
     flat = FlatModel(model)
-    x, y, log_prob = problem.x, problem.y, problem.likelihood.log_prob
+    x, y, nll_of = problem.x, problem.y, problem.likelihood.nll
     precision = 1.0 / prior_std**2
 
     def grad_and_value(theta: Tensor) -> tuple[Tensor, Tensor]:
@@ -52,7 +52,7 @@ def make_potential(
             flat.theta.copy_(theta)
         flat.zero_grad()
         with torch.enable_grad():
-            nll = -log_prob(model(x), y).sum()
+            nll = nll_of(model(x), y, reduction="sum")
             nll.backward()
         with torch.no_grad():
             grad = flat.grad.add(theta, alpha=precision)

@@ -173,7 +173,7 @@ class _SGMCMC:
         n_train = problem.n_train
         decay = 1.0 / (n_train * config["prior_std"] ** 2)  # prior gradient θ/σ² times η = lr/N, per unit lr
         temperature = config["temperature"]
-        log_prob = problem.likelihood.log_prob
+        nll = problem.likelihood.nll
         stats["n_samples"] = 0
         stats["grad_evals"] = 0.0
 
@@ -187,7 +187,7 @@ class _SGMCMC:
                 lr = lr_at(step)
                 sigma = langevin_noise_std(lr / n_train, temperature, alpha) if noisy_at(step) else 0.0
                 with torch.enable_grad():
-                    loss = -log_prob(model(xb), yb).mean()
+                    loss = nll(model(xb), yb)
                     flat.zero_grad()
                     loss.backward()
                 if step == 0:

@@ -205,7 +205,7 @@ def collect_iterates(
     model.train()
     for epoch in range(config["swa_epochs"]):
         for xb, yb in problem.minibatches(config["batch_size"]):
-            loss = -problem.likelihood.log_prob(model(xb), yb).mean()
+            loss = problem.likelihood.nll(model(xb), yb)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
