@@ -160,6 +160,23 @@ def test_values_do_not_depend_on_the_number_of_threads(monkeypatch):
     np.testing.assert_array_equal(outs[0], outs[2])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [1, 31, 33, 32 * 4 + 29])
+def test_partial_last_group_writes_nothing_past_the_end(monkeypatch, n, threads):
+    """The kernel finishes a partial group itself: values past ``n`` (here the rest of a larger buffer)
+    stay as they were, and the first ``n`` are the values a longer array gets."""
+    monkeypatch.setattr(_aes_gaussian, "_MIN_VALUES_PER_THREAD", 16)
+    generator = AESGaussian(13)
+    longer = np.zeros(n + 40)
+    generator.add_to(longer, 2, threads=threads)
+    buffers = {name: np.full(n + 40, 7.0) for name in ("theta", "velocity", "grad")}
+    views = {name: buffer[:n] for name, buffer in buffers.items()}
+    generator.momentum_step(views["theta"], views["velocity"], views["grad"], 2, 1.0, 1.0, 0.0, 0.0, threads)
+    np.testing.assert_array_equal(views["velocity"], 7.0 + longer[:n])
+    for buffer in buffers.values():
+        np.testing.assert_array_equal(buffer[n:], 7.0)
+
+
 def test_distribution_is_standard_normal():
     n = 1_000_003
     generator = AESGaussian(2024)

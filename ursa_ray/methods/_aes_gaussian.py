@@ -17,7 +17,7 @@ here the bits take about a fifth (0.2 of 1.0 ns per value, measured by cutting t
   Lane p of (A, B, C) makes two Box–Muller pairs as in the Philox kernel: radius bits A >> 9 and angle
   bits (C >> 16) << 8 | (A & 0xFF), then radius B >> 9 and angle (C & 0xFFFF) << 8 | (B & 0xFF).  Group g
   holds values 32g, …, 32g + 31: the first pair's cosines in lanes 0–7, its sines, then the second pair's
-  cosines and sines.  A last partial group is computed whole and cut.
+  cosines and sines.  A last partial group is computed whole and cut, in the kernel.
 * **Updates** in the same pass as the draw, so no noise buffer is written or read back: x ← shrink·x +
   sigma·ξ; SGLD's whole step θ ← shrink·θ − lr·grad + sigma·ξ; or SGHMC's v ← keep·v − lr·grad −
   decay·θ + sigma·ξ, θ ← θ + v.  Multiply–adds are ``llvm.fmuladd`` (fused where the CPU has FMA), the
@@ -121,16 +121,18 @@ _UPDATES = ("noise", "gradient", "momentum")
 
 
 def _build_module(dtype: np.dtype, update: str, vaes: bool, triple: str) -> ir.Module:
-    """kernel(x, grad, theta, groups, shrink, sigma, neg_lr, neg_decay, round_keys, first_group, draw) with
-    ξ the values 32g … 32g + 31 (module docstring) of groups g = first_group, …, first_group + groups − 1,
-    the arrays read and written from their start:
+    """kernel(x, grad, theta, n, shrink, sigma, neg_lr, neg_decay, round_keys, first_group, draw) with ξ
+    the values 32·first_group, …, 32·first_group + n − 1 of the draw (module docstring) and the arrays read
+    and written from their start, n values each:
 
     * "noise":    x ← shrink·x + sigma·ξ
     * "gradient": x ← shrink·x + neg_lr·grad + sigma·ξ  (SGLD)
     * "momentum": x ← shrink·x + neg_lr·grad + neg_decay·theta + sigma·ξ, then theta ← theta + x  (SGHMC,
       x the velocity)
 
-    ``round_keys`` is (11, 32) bytes: each round key twice, the broadcast VAES needs."""
+    Whole groups run as 8-wide vectors; a last partial group is computed whole and its first n mod 32
+    values applied one at a time.  ``round_keys`` is (11, 32) bytes: each round key twice, the broadcast
+    VAES needs."""
     module = ir.Module("aes_gaussian")
     module.triple = triple
     real = _F32 if dtype == np.float32 else _F64
@@ -140,7 +142,8 @@ def _build_module(dtype: np.dtype, update: str, vaes: bool, triple: str) -> ir.M
         return ir.Function(module, ir.FunctionType(ret, list(args)), name)
 
     fmuladd = declare("llvm.fmuladd.v8f32", _V8F, _V8F, _V8F, _V8F)
-    fmuladd_real = fmuladd if real is _F32 else declare("llvm.fmuladd.v8f64", vreal, vreal, vreal, vreal)
+    fmuladd_vector = fmuladd if real is _F32 else declare("llvm.fmuladd.v8f64", vreal, vreal, vreal, vreal)
+    fmuladd_scalar = declare("llvm.fmuladd.f32" if real is _F32 else "llvm.fmuladd.f64", real, real, real, real)
     sqrt = declare("llvm.sqrt.v8f32", _V8F, _V8F)
     block = _V4Q if vaes else _V2Q
     suffix = ".256" if vaes else ""
@@ -156,10 +159,10 @@ def _build_module(dtype: np.dtype, update: str, vaes: bool, triple: str) -> ir.M
         ),
         "kernel",
     )
-    target, grad, theta, groups, shrink, sigma, neg_lr, neg_decay, keys_ptr, first_group, draw = kernel.args
-    entry, loop, done = (kernel.append_basic_block(name) for name in ("entry", "loop", "done"))
+    target, grad, theta, n, shrink, sigma, neg_lr, neg_decay, keys_ptr, first_group, draw = kernel.args
+    blocks = {name: kernel.append_basic_block(name) for name in ("entry", "loop", "after", "tail", "rest", "done")}
 
-    b = ir.IRBuilder(entry)
+    b = ir.IRBuilder(blocks["entry"])
 
     def ints(value: int) -> ir.Constant:
         return ir.Constant(_V8I, [value & 0xFFFFFFFF] * 8)
@@ -177,30 +180,39 @@ def _build_module(dtype: np.dtype, update: str, vaes: bool, triple: str) -> ir.M
     keys = [b.load(b.gep(keys_ptr, [ir.Constant(_I64, r)]), align=16) for r in range(11)]
     if not vaes:
         keys = [b.shuffle_vector(k, k, lanes([0, 1])) for k in keys]
-    shrink_v, sigma_v, neg_lr_v, neg_decay_v = (broadcast(c) for c in (shrink, sigma, neg_lr, neg_decay))
+    scalars = (shrink, sigma, neg_lr, neg_decay)
+    vectors = tuple(broadcast(c) for c in scalars)
     draw_lanes = b.insert_element(
         b.insert_element(ir.Constant(_V4Q, [0] * 4), draw, ir.Constant(_I32, 1)), draw, ir.Constant(_I32, 3)
     )
-    b.cbranch(b.icmp_signed("<=", groups, ir.Constant(_I64, 0)), done, loop)
+    groups = b.lshr(n, ir.Constant(_I64, 5))
+    b.cbranch(b.icmp_signed(">", groups, ir.Constant(_I64, 0)), blocks["loop"], blocks["after"])
 
-    b = ir.IRBuilder(loop)
-    i = b.phi(_I64)
-    i.add_incoming(ir.Constant(_I64, 0), entry)
-    first_block = b.mul(b.add(first_group, i), ir.Constant(_I64, 6))
-    counter = b.insert_element(ir.Constant(_V4Q, [0] * 4), first_block, ir.Constant(_I32, 0))
-    counter = b.add(b.shuffle_vector(counter, counter, lanes([0, 1, 0, 1])), draw_lanes)  # (6g, draw, 6g, draw)
-    plaintexts = [b.add(counter, ir.Constant(_V4Q, [2 * k, 0, 2 * k + 1, 0])) for k in range(3)]
-    if not vaes:  # two 128-bit blocks per vector
-        plaintexts = [b.shuffle_vector(p, p, lanes([h, h + 1])) for p in plaintexts for h in (0, 2)]
-    states = [b.xor(p, keys[0]) for p in plaintexts]
-    for r in range(1, 10):  # round by round over all blocks: independent instructions side by side
-        states = [b.call(aesenc, [s, keys[r]]) for s in states]
-    states = [b.call(aesenclast, [s, keys[10]]) for s in states]
-    if not vaes:
-        states = [b.shuffle_vector(states[j], states[j + 1], lanes([0, 1, 2, 3])) for j in (0, 2, 4)]
-    a_words, b_words, c_words = (b.bitcast(s, _V8I) for s in states)
+    def group_values(b: ir.IRBuilder, group: ir.Value) -> list[ir.Value]:
+        """The 32 float32 values of ``group``, as four 8-lane vectors (module docstring)."""
+        first_block = b.mul(group, ir.Constant(_I64, 6))
+        counter = b.insert_element(ir.Constant(_V4Q, [0] * 4), first_block, ir.Constant(_I32, 0))
+        counter = b.add(b.shuffle_vector(counter, counter, lanes([0, 1, 0, 1])), draw_lanes)  # (6g, draw, 6g, draw)
+        plaintexts = [b.add(counter, ir.Constant(_V4Q, [2 * k, 0, 2 * k + 1, 0])) for k in range(3)]
+        if not vaes:  # two 128-bit blocks per vector
+            plaintexts = [b.shuffle_vector(p, p, lanes([h, h + 1])) for p in plaintexts for h in (0, 2)]
+        states = [b.xor(p, keys[0]) for p in plaintexts]
+        for r in range(1, 10):  # round by round over all blocks: independent instructions side by side
+            states = [b.call(aesenc, [s, keys[r]]) for s in states]
+        states = [b.call(aesenclast, [s, keys[10]]) for s in states]
+        if not vaes:
+            states = [b.shuffle_vector(states[j], states[j + 1], lanes([0, 1, 2, 3])) for j in (0, 2, 4)]
+        a_words, b_words, c_words = (b.bitcast(s, _V8I) for s in states)
+        low8 = ints(0xFF)
+        z0, z1 = box_muller(
+            b, b.lshr(a_words, ints(9)), b.or_(b.shl(b.lshr(c_words, ints(16)), ints(8)), b.and_(a_words, low8))
+        )
+        z2, z3 = box_muller(
+            b, b.lshr(b_words, ints(9)), b.or_(b.shl(b.and_(c_words, ints(0xFFFF)), ints(8)), b.and_(b_words, low8))
+        )
+        return [z0, z1, z2, z3]
 
-    def box_muller(radius_bits: ir.Value, angle_bits: ir.Value) -> tuple[ir.Value, ir.Value]:
+    def box_muller(b: ir.IRBuilder, radius_bits: ir.Value, angle_bits: ir.Value) -> tuple[ir.Value, ir.Value]:
         """As :func:`ursa_ray.methods._philox_gaussian._box_muller`: r = √(−2 ln u), u = (2k + 1)·2⁻²⁴;
         θ = qπ/2 + a from the quadrant q (top 2 angle bits) and a ∈ (−π/4, π/4) (the other 22)."""
         u = b.fmul(b.sitofp(b.or_(b.shl(radius_bits, ints(1)), ints(1)), _V8F), floats(2.0**-24))
@@ -235,33 +247,56 @@ def _build_module(dtype: np.dtype, update: str, vaes: bool, triple: str) -> ir.M
             b.bitcast(b.xor(b.bitcast(y, _V8I), y_sign), _V8F),
         )
 
-    low8 = ints(0xFF)
-    z0, z1 = box_muller(
-        b.lshr(a_words, ints(9)), b.or_(b.shl(b.lshr(c_words, ints(16)), ints(8)), b.and_(a_words, low8))
-    )
-    z2, z3 = box_muller(
-        b.lshr(b_words, ints(9)), b.or_(b.shl(b.and_(c_words, ints(0xFFFF)), ints(8)), b.and_(b_words, low8))
-    )
-    offset = b.mul(i, ir.Constant(_I64, _GROUP))
-    vreal_ptr = ir.PointerType(vreal)
-    for j, z in enumerate((z0, z1, z2, z3)):
-        index = b.add(offset, ir.Constant(_I64, 8 * j))
-        target_ptr, grad_ptr, theta_ptr = (b.bitcast(b.gep(x, [index]), vreal_ptr) for x in (target, grad, theta))
-        z = z if real is _F32 else b.fpext(z, vreal)
-        value = b.fmul(shrink_v, b.load(target_ptr, align=4))
+    def apply(b: ir.IRBuilder, index: ir.Value, z: ir.Value, vector: bool) -> None:
+        """The update at ``index`` (8 values from it when ``vector``), ξ = ``z`` (float32)."""
+        kind = vreal if vector else real
+        shrink_c, sigma_c, neg_lr_c, neg_decay_c = vectors if vector else scalars
+        fma = fmuladd_vector if vector else fmuladd_scalar
+        target_ptr, grad_ptr, theta_ptr = (
+            b.bitcast(b.gep(x, [index]), ir.PointerType(kind)) for x in (target, grad, theta)
+        )
+        z = z if real is _F32 else b.fpext(z, kind)
+        value = b.fmul(shrink_c, b.load(target_ptr, align=4))
         if update != "noise":
-            value = b.call(fmuladd_real, [neg_lr_v, b.load(grad_ptr, align=4), value])
+            value = b.call(fma, [neg_lr_c, b.load(grad_ptr, align=4), value])
         if update == "momentum":
             theta_value = b.load(theta_ptr, align=4)
-            value = b.call(fmuladd_real, [neg_decay_v, theta_value, value])
-        value = b.call(fmuladd_real, [sigma_v, z, value])
+            value = b.call(fma, [neg_decay_c, theta_value, value])
+        value = b.call(fma, [sigma_c, z, value])
         b.store(value, target_ptr, align=4)
         if update == "momentum":
             b.store(b.fadd(theta_value, value), theta_ptr, align=4)
+
+    b = ir.IRBuilder(blocks["loop"])
+    i = b.phi(_I64)
+    i.add_incoming(ir.Constant(_I64, 0), blocks["entry"])
+    offset = b.mul(i, ir.Constant(_I64, _GROUP))
+    for j, z in enumerate(group_values(b, b.add(first_group, i))):
+        apply(b, b.add(offset, ir.Constant(_I64, 8 * j)), z, vector=True)
     following = b.add(i, ir.Constant(_I64, 1))
-    i.add_incoming(following, loop)
-    b.cbranch(b.icmp_signed("<", following, groups), loop, done)
-    ir.IRBuilder(done).ret_void()
+    i.add_incoming(following, b.block)
+    b.cbranch(b.icmp_signed("<", following, groups), blocks["loop"], blocks["after"])
+
+    b = ir.IRBuilder(blocks["after"])
+    start = b.shl(groups, ir.Constant(_I64, 5))
+    b.cbranch(b.icmp_signed("<", start, n), blocks["tail"], blocks["done"])
+
+    b = ir.IRBuilder(blocks["tail"])  # the partial last group: all 32 values to the stack, n − start applied
+    stack = b.alloca(ir.ArrayType(_V8F, 4))
+    for j, z in enumerate(group_values(b, b.add(first_group, groups))):
+        b.store(z, b.gep(stack, [ir.Constant(_I32, 0), ir.Constant(_I32, j)]), align=32)
+    stack_values = b.bitcast(stack, ir.PointerType(_F32))
+    b.branch(blocks["rest"])
+
+    b = ir.IRBuilder(blocks["rest"])
+    k = b.phi(_I64)
+    k.add_incoming(ir.Constant(_I64, 0), blocks["tail"])
+    apply(b, b.add(start, k), b.load(b.gep(stack_values, [k]), align=4), vector=False)
+    following = b.add(k, ir.Constant(_I64, 1))
+    k.add_incoming(following, b.block)
+    b.cbranch(b.icmp_signed("<", b.add(start, following), n), blocks["rest"], blocks["done"])
+
+    ir.IRBuilder(blocks["done"]).ret_void()
     return module
 
 
@@ -302,10 +337,10 @@ def _kernel(dtype: type, update: str, vaes: bool) -> ctypes._CFuncPtr:
 
 @intrinsic
 def _call_kernel(  # noqa: ARG001 (numba's intrinsic signature)
-    typingctx, address, x, grad, theta, groups, shrink, sigma, neg_lr, neg_decay, keys, first, draw
+    typingctx, address, x, grad, theta, count, shrink, sigma, neg_lr, neg_decay, keys, first, draw
 ):
     """Call the compiled kernel at ``address`` from numba (pointers passed as integers)."""
-    signature = types.void(address, x, grad, theta, groups, shrink, sigma, neg_lr, neg_decay, keys, first, draw)
+    signature = types.void(address, x, grad, theta, count, shrink, sigma, neg_lr, neg_decay, keys, first, draw)
 
     def codegen(context, builder, signature, args):
         real = context.get_value_type(signature.args[5])
@@ -323,13 +358,16 @@ def _call_kernel(  # noqa: ARG001 (numba's intrinsic signature)
 
 
 @numba.njit(parallel=True, cache=True)
-def _run_shares(address, x, grad, theta, itemsize, bounds, shrink, sigma, neg_lr, neg_decay, keys, draw):
-    """Groups bounds[s] … bounds[s + 1] − 1 on numba thread s (arrays as addresses of their first element)."""
+def _run_shares(address, x, grad, theta, itemsize, bounds, n, shrink, sigma, neg_lr, neg_decay, keys, draw):
+    """Groups bounds[s] … bounds[s + 1] − 1 on numba thread s, the last share to value n (arrays as
+    addresses of their first element)."""
     for s in numba.prange(bounds.shape[0] - 1):
-        offset = bounds[s] * _GROUP * itemsize
+        start = bounds[s] * _GROUP
+        count = min(bounds[s + 1] * _GROUP, n) - start
+        offset = start * itemsize
         _call_kernel(
-            address, x + offset, grad + offset, theta + offset, bounds[s + 1] - bounds[s], shrink, sigma, neg_lr,
-            neg_decay, keys, bounds[s], draw,
+            address, x + offset, grad + offset, theta + offset, count, shrink, sigma, neg_lr, neg_decay, keys,
+            bounds[s], draw,
         )
 
 
@@ -400,31 +438,16 @@ class AESGaussian:
         kernel = _kernel(first.dtype.type, update, self.vaes)
         scalars = [first.dtype.type(c) for c in coefficients]
         draw_bits = draw - 2**64 if draw >= 2**63 else draw  # the same 64 bits, as ctypes' int64
-        names = ("x", "grad", "theta")
-
-        def run(views: dict[str, np.ndarray], first_group: int, groups: int) -> None:
-            pointers = [views[name].ctypes.data if name in views else None for name in names]
-            kernel(*pointers, groups, *scalars, self._round_keys.ctypes.data, first_group, draw_bits)
-
+        pointers = [arrays[name].ctypes.data if name in arrays else 0 for name in ("x", "grad", "theta")]
         n = first.shape[0]
-        groups, tail = divmod(n, _GROUP)
         threads = min(threads, numba.config.NUMBA_NUM_THREADS, max(1, n // _MIN_VALUES_PER_THREAD))
         if threads > 1:
             numba.set_num_threads(threads)
+            groups = -(-n // _GROUP)
             bounds = np.array([groups * t // threads for t in range(threads + 1)], dtype=np.int64)
-            addresses = [arrays[name].ctypes.data if name in arrays else 0 for name in names]
             address = ctypes.cast(kernel, ctypes.c_void_p).value
             _run_shares(
-                address, *addresses, first.itemsize, bounds, *scalars, self._round_keys.ctypes.data, draw_bits
+                address, *pointers, first.itemsize, bounds, n, *scalars, self._round_keys.ctypes.data, draw_bits
             )
-        elif groups:
-            run(arrays, 0, groups)
-        if tail:  # the last group whole, in scratch, of which the arrays keep the first values
-            start = groups * _GROUP
-            scratch = {name: np.zeros(_GROUP, dtype=first.dtype) for name in arrays}
-            for name, array in arrays.items():
-                scratch[name][:tail] = array[start:]
-            run(scratch, groups, 1)
-            for name in ("x", "theta"):
-                if name in arrays:
-                    arrays[name][start:] = scratch[name][:tail]
+        elif n:
+            kernel(*pointers, n, *scalars, self._round_keys.ctypes.data, 0, draw_bits)
