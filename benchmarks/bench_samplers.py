@@ -16,16 +16,16 @@
   same loop without the draw); and a second copy of plain SGD, whose ratio to the first shows how far
   the measurement itself strays.
 
-The SG-MCMC variants run side by side: each in a thread, taking turns of a few dozen steps (one epoch of
-the digits data, 40 steps of the MNIST-sized) in an order shuffled every round, only one running at a
+The SG-MCMC variants run side by side: each in a thread, taking turns of a few dozen steps (five epochs
+of the digits data, 40 steps of the MNIST-sized) in an order shuffled every round, only one running at a
 time (:class:`TakeTurns`).  A burst of load on the shared machine then falls on all variants alike
 instead of on whichever ran that second, while each step still follows its own variant's previous one,
-as in a real run.  A variant's epoch time is the sum of its step times (from a mini-batch handed out to
-the next one asked for: the shuffle and gather every variant shares are left out, which only raises the
-ratios).  HMC's variants are timed whole, interleaved (each repeat runs each once, back to back).  Three
-ratios are printed: of the best (minimum) times, since other processes only ever add time; the median
-over repeats of the ratio within a repeat; and, for the SG-MCMC epochs, the ratio of the median step
-time over every step of every repeat.
+as in a real run.  A variant's time for a run is the time of its turns: all its work (set-up, shuffles
+and gathers, steps) and none of its waiting.  HMC's variants are timed whole, interleaved (each repeat
+runs each once, back to back).  Three ratios are printed: of the best (minimum) times, since other
+processes only ever add time; the median over repeats of the ratio within a repeat; and, for the SG-MCMC
+epochs, the ratio of the median step time (from a mini-batch handed out to the next one asked for) over
+every step of every repeat.
 By default torch runs on one thread (a trial with ``cpu: 1``) and times are per-thread CPU time, which
 other processes competing for the cores hardly disturb; with ``--threads N`` (N > 1) they are
 wall-clock times.
@@ -60,16 +60,20 @@ class TakeTurns:
     """Variants in threads that take turns, ``steps`` steps at a time, in rounds: each round every variant
     still running takes a turn, in an order shuffled afresh each round, so a burst of load on the machine
     falls on all of them alike and none always follows the same other.  A thread blocks outside its turn,
-    so one variant runs at a time, and per-thread CPU time charges each its own work.
+    so one variant runs at a time; ``times[name]`` sums the ``clock`` time of its turns, which hold all of
+    its work (set-up, shuffles and gathers, steps, wrap-up) and none of its waiting.
 
     Turns of one step would leave every step the caches of another variant; that flatters the samplers
     (measured here, two runs each: MNIST-sized SGLD/SGHMC ratios 0.02–0.09 lower than with 60-step turns),
     so turns are long enough for a variant's steps to follow its own, as in a real run."""
 
     def __init__(self, names: list[str], steps: int, seed: int = 0):
+        self.times = dict.fromkeys(names, 0.0)
         self._running = list(names)
         self._steps = steps
         self._taken = 0
+        self._holder: str | None = None
+        self._since = 0.0
         self._random = random.Random(seed)
         self._round: list[str] = []
         self._condition = threading.Condition()
@@ -79,34 +83,39 @@ class TakeTurns:
         self._round = self._random.sample(self._running, len(self._running))
 
     def _pass_turn(self) -> None:
+        """End the turn of the variant at the head of the round (called from its thread)."""
+        name = self._round.pop(0)
+        self.times[name] += clock() - self._since
+        self._holder = None
         self._taken = 0
         if not self._round and self._running:
             self._new_round()
         self._condition.notify_all()
 
     def wait(self, name: str) -> None:
+        """Block until it is ``name``'s turn (at once while it holds the turn)."""
         with self._condition:
             self._condition.wait_for(lambda: self._round[0] == name)
+            if self._holder != name:
+                self._holder, self._since = name, clock()
 
     def step_done(self) -> None:
         with self._condition:
             self._taken += 1
             if self._taken == self._steps:
-                self._round.pop(0)
                 self._pass_turn()
 
     def finish(self, name: str) -> None:
-        """``name`` has returned (its turn, if it held it, passes on)."""
+        """``name`` has returned: its turn, if it holds it, ends, and it takes no more."""
         with self._condition:
             self._running.remove(name)
-            if self._round and self._round[0] == name:
-                self._round.pop(0)
+            if self._holder == name:
                 self._pass_turn()
             elif name in self._round:
                 self._round.remove(name)
                 if not self._round and self._running:
                     self._new_round()
-                    self._condition.notify_all()
+                self._condition.notify_all()
 
 
 @dataclass
@@ -224,10 +233,13 @@ def draw_seconds(fill: Callable[[torch.Tensor, torch.Generator], object], n: int
     return best
 
 
-def epochs_in_turns(variants: dict[str, Callable[[StepTimedProblem], object]], problem: StepTimedProblem,
-                    repeats: int, steps_per_turn: int) -> dict[str, list[list[float]]]:
+def epochs_in_turns(
+    variants: dict[str, Callable[[StepTimedProblem], object]], problem: StepTimedProblem, repeats: int,
+    steps_per_turn: int,
+) -> tuple[dict[str, list[float]], dict[str, list[list[float]]]]:
     """Run every variant ``repeats`` times, the variants of a repeat in :class:`TakeTurns`; returns each
-    variant's step times, one list per repeat."""
+    variant's time per repeat (everything it did, waiting aside) and its step times, one list per repeat."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
     steps: dict[str, list[list[float]]] = {name: [] for name in variants}
     order = list(variants)
     for r in range(repeats):
@@ -237,6 +249,7 @@ def epochs_in_turns(variants: dict[str, Callable[[StepTimedProblem], object]], p
 
         def run(name: str) -> None:
             try:
+                turns.wait(name)  # set-up too runs in turn
                 variants[name](problems[name])
             except BaseException as error:  # re-raised below, in the main thread
                 errors.append(error)
@@ -251,8 +264,9 @@ def epochs_in_turns(variants: dict[str, Callable[[StepTimedProblem], object]], p
         if errors:
             raise errors[0]
         for name in order:
+            times[name].append(turns.times[name])
             steps[name].append(problems[name].step_times)
-    return steps
+    return times, steps
 
 
 def sgmcmc_section(
@@ -265,7 +279,7 @@ def sgmcmc_section(
           f"{epochs} epoch(s) per run, {repeats} runs taking turns of {steps_per_turn} steps]")
     for name in ("sgld", "sghmc"):  # warm-up (registry import, allocator)
         sampler_epochs(name, make_problem(min(n, 2048), d), 1, batch_size)
-    step_times = epochs_in_turns(
+    times, step_times = epochs_in_turns(
         {
             "sgd": lambda p: sgd_epochs(p, epochs, batch_size),
             "sgd_copy": lambda p: sgd_epochs(p, epochs, batch_size),
@@ -277,7 +291,6 @@ def sgmcmc_section(
         repeats,
         steps_per_turn,
     )
-    times = {name: [sum(run) for run in runs] for name, runs in step_times.items()}
     steps_median = {name: statistics.median(t for run in runs for t in run) for name, runs in step_times.items()}
     sgd_epoch = min(times["sgd"]) / epochs
     floor = n * mult_adds_per_example(model) * 2 * 3 / flops
@@ -355,8 +368,8 @@ def main() -> None:
     print(f"dense float32 matmul (2048²): {flops / 1e9:.1f} GFLOP/s")
     quick = args.quick
     sgmcmc_section(
-        "digits-sized", 1437, 64, epochs=5 if quick else 10, repeats=3 if quick else 7, batch_size=128,
-        steps_per_turn=12, flops=flops,
+        "digits-sized", 1437, 64, epochs=5 if quick else 10, repeats=3 if quick else 14, batch_size=128,
+        steps_per_turn=60, flops=flops,
     )
     sgmcmc_section(
         "MNIST-sized", 60000, 784, epochs=1, repeats=2 if quick else 10, batch_size=128, steps_per_turn=40,
