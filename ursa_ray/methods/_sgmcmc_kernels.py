@@ -21,12 +21,16 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ursa_ray.methods.base import memory_order, view_as_parameter
+
 
 class FlatModel:
-    """The parameters of ``model`` (in ``model.parameters()`` order, the order of
-    :func:`~ursa_ray.methods.base.flat_parameters`) stored in one vector ``theta``, their gradients in
-    ``grad``.  After construction ``p.data`` and ``p.grad`` of every parameter are views into these, and
-    backward passes accumulate into ``grad`` in place (call :meth:`zero_grad`, not ``model.zero_grad``)."""
+    """The parameters of ``model`` (in the order of :func:`~ursa_ray.methods.base.flat_parameters`:
+    ``model.parameters()`` order, each parameter's values in memory order) stored in one vector ``theta``,
+    their gradients in ``grad``.  After construction ``p.data`` and ``p.grad`` of every parameter are views
+    into these with the parameter's own layout (a channels-last convolution weight stays channels-last, as
+    cuDNN wants it on a GPU), and backward passes accumulate into ``grad`` in place (call
+    :meth:`zero_grad`, not ``model.zero_grad``)."""
 
     def __init__(self, model: nn.Module):
         params = list(model.parameters())
@@ -44,9 +48,9 @@ class FlatModel:
         with torch.no_grad():
             for p in params:
                 k = p.numel()
-                self.theta[offset : offset + k].copy_(p.reshape(-1))
-                p.data = self.theta[offset : offset + k].view_as(p)
-                p.grad = self.grad[offset : offset + k].view_as(p)
+                self.theta[offset : offset + k].copy_(memory_order(p).reshape(-1))
+                p.data = view_as_parameter(self.theta[offset : offset + k], p)
+                p.grad = view_as_parameter(self.grad[offset : offset + k], p)
                 offset += k
         self._grad_ptrs = [p.grad.data_ptr() for p in params]
 

@@ -199,9 +199,29 @@ def resolve_config(method: Method, overrides: Mapping[str, Any]) -> dict[str, An
     return config
 
 
+def _channels_last(p: Tensor) -> bool:
+    """A 4-D tensor laid out N, H, W, C in memory (the layout a GPU trial gives convolution weights)."""
+    return p.dim() == 4 and not p.is_contiguous() and p.is_contiguous(memory_format=torch.channels_last)
+
+
+def memory_order(p: Tensor) -> Tensor:
+    """``p`` (a view of it) with its dimensions in memory order: N, H, W, C for a channels-last tensor."""
+    return p.permute(0, 2, 3, 1) if _channels_last(p) else p
+
+
+def view_as_parameter(chunk: Tensor, p: Tensor) -> Tensor:
+    """The 1-D ``chunk`` seen with ``p``'s shape and memory layout (values in :func:`memory_order`)."""
+    if _channels_last(p):
+        n, c, h, w = p.shape
+        return chunk.view(n, h, w, c).permute(0, 3, 1, 2)
+    return chunk.view_as(p)
+
+
 def flat_parameters(model: nn.Module) -> Tensor:
-    """All trainable parameters of ``model`` as one detached vector."""
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    """All trainable parameters of ``model`` as one detached vector, each parameter's values in memory order
+    (:func:`memory_order`: N, H, W, C for a channels-last convolution weight), so that flat views of the
+    parameters keep their layout."""
+    return torch.cat([memory_order(p.detach()).reshape(-1) for p in model.parameters()])
 
 
 def load_flat_parameters(model: nn.Module, vector: Tensor) -> None:
@@ -210,7 +230,7 @@ def load_flat_parameters(model: nn.Module, vector: Tensor) -> None:
     with torch.no_grad():
         for p in model.parameters():
             n = p.numel()
-            p.copy_(vector[offset : offset + n].view_as(p))
+            p.copy_(view_as_parameter(vector[offset : offset + n], p))
             offset += n
 
 
