@@ -117,8 +117,6 @@ def round_keys(key: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------- the kernel
-_UPDATES = ("noise", "gradient", "momentum")
-
 
 def _build_module(dtype: np.dtype, update: str, vaes: bool, triple: str) -> ir.Module:
     """kernel(x, grad, theta, n, shrink, sigma, neg_lr, neg_decay, round_keys, first_group, draw) with ξ
