@@ -116,13 +116,12 @@ class GaussianNoise:
             self._aes.add_to(
                 target.numpy(), self.draws, sigma, shrink, None if grad is None else grad.numpy(), lr, threads
             )
-        elif self._philox is not None:
-            self._philox(target.numpy(), self._key, self.draws, sigma, shrink, threads=threads)
-            if grad is not None:
-                target.add_(grad, alpha=-lr)
         else:
-            target.mul_(shrink).add_(self._buffer.normal_(generator=self._generator), alpha=sigma)
-            if grad is not None:
+            if self._philox is not None:
+                self._philox(target.numpy(), self._key, self.draws, sigma, shrink, threads=threads)
+            else:
+                target.mul_(shrink).add_(self._buffer.normal_(generator=self._generator), alpha=sigma)
+            if grad is not None:  # the gradient term as a second pass
                 target.add_(grad, alpha=-lr)
         self.draws += 1
         return target
