@@ -1,23 +1,41 @@
-"""URSABench's composite scores, and a rank summary across methods.
+"""URSABench's composite scores, and a rank summary in which each evaluation principle counts once.
 
-A *cell* is one (model, in-domain dataset) pair.  Every metric is first averaged over seeds within its
-cell (and, for OOD metrics, kept per OOD set); a composite then averages those cell means:
+A *cell* is one (model, dataset) pair of final-phase classification trials.  A cell is a *decision-task*
+cell when its dataset is declared a decision-task training set (``decision_task`` in trials.parquet: the
+``*_imbalanced`` copies); every other cell is *in-domain* (balanced sets also report ``decision_cost``
+with the same cost matrix, shown per cell, but it enters no composite).  A model trained on an imbalanced copy is not the in-domain
+benchmark, so the two kinds never mix: every composite except ``decision_cost`` averages in-domain cells
+only, and ``decision_cost`` averages decision-task cells only.
 
-- ``accuracy``: test accuracy averaged over models and in-domain test sets;
-- ``nll``: test NLL averaged likewise (lower is better);
-- ``misclass_auroc``: misclassification-detection AUROC with the predictive-entropy score, averaged likewise;
-- ``ood_auroc``: OOD-detection AUROC with total predictive entropy, averaged over models and (dataset, OOD set);
-- ``ood_auroc_mi``: the same with mutual information (knowledge uncertainty);
-- ``decision_cost``: mean cost per test example of the Bayes decision, over cells whose dataset defines a
-  cost matrix (the ``*_imbalanced`` decision-task sets; lower is better);
-- ``s_per_sample``: training seconds per posterior sample, averaged likewise (lower is better);
-- ``mean_rank``: for each cell and each of the composite metrics above except cost, methods are ranked
-  (1 = best, ties share the mean rank); a method's mean rank averages its ranks over all (cell, metric).
+Every metric is first averaged over the seeds of its cell (OOD metrics per OOD set); a composite then
+averages those cell means with equal weight:
+
+- ``accuracy``: test accuracy over in-domain cells (higher is better);
+- ``nll``: test NLL over in-domain cells (lower is better);
+- ``misclass_auroc``: misclassification-detection AUROC, predictive-entropy score, over in-domain cells;
+- ``ood_auroc``: OOD-detection AUROC scored by knowledge uncertainty (mutual information, URSABench's
+  score) over in-domain (cell, OOD set) pairs.  A single-sample method (SGD, SWA) has zero mutual
+  information everywhere, so all its scores tie and its ``ood_auroc`` is exactly 0.5;
+- ``ood_auroc_entropy``: the same scored by total predictive entropy (reported, not ranked);
+- ``decision_cost``: mean cost per test example of the Bayes decision over decision-task cells (lower);
+- ``s_per_sample``: training seconds per posterior sample over in-domain cells (lower; not ranked).
+
+Rank summary.  For each principle P and each of its metrics m, the methods are ranked within every cell
+(or (cell, OOD set) pair) of m: 1 = best, ties share the mean rank.  ``rank_P`` is a method's mean over
+all its (cell, m) ranks of P, and ``mean_rank`` is the equal-weight mean of the ``rank_P`` it has:
+
+    rank_P(method) = mean over m in P, c in cells(m) of rank_{c,m}(method)
+    mean_rank(method) = mean over principles P with results of rank_P(method)
+
+The principles: ``accuracy`` (accuracy), ``uncertainty`` (nll, misclass_auroc), ``ood`` (ood_auroc) and
+``decision`` (decision_cost).
+
+Cells a method lacks (failed, or not run) are left out of its averages, never filled in.  ``cells``
+counts the cells (in-domain and decision-task) where the method has at least one successful seed,
+``planned_cells`` the cells the grid gave it, and ``complete`` is true only when every planned final
+trial of the method finished ok, so that its composites are directly comparable.
 
 Only classification trials count (regression is judged against the anchor model instead).
-Cells a method lacks (failed or not run) are left out of its averages, never filled in; the ``cells``
-column says over how many cells each method was averaged, and ``complete`` is false when a method has
-fewer cells than the most complete method, so its composite is not directly comparable.
 """
 
 from __future__ import annotations
@@ -30,12 +48,20 @@ COMPOSITES = {
     "accuracy": ("test", "accuracy", True),
     "nll": ("test", "nll", False),
     "misclass_auroc": ("test", "misclass_auroc_entropy", True),
-    "ood_auroc": ("ood", "ood_auroc_entropy", True),
-    "ood_auroc_mi": ("ood", "ood_auroc_mi", True),
+    "ood_auroc": ("ood", "ood_auroc_mi", True),
+    "ood_auroc_entropy": ("ood", "ood_auroc_entropy", True),
     "decision_cost": ("test", "decision_cost", False),
     "s_per_sample": ("cost", "s_per_sample", False),
 }
-RANKED = ("accuracy", "nll", "misclass_auroc", "ood_auroc", "ood_auroc_mi")
+PRINCIPLES = {
+    # principle: the composites ranked under it
+    "accuracy": ("accuracy",),
+    "uncertainty": ("nll", "misclass_auroc"),
+    "ood": ("ood_auroc",),
+    "decision": ("decision_cost",),
+}
+NOT_OOD_SETS = ("test", "validation", "cost")
+CELL_KEYS = ["model", "dataset", "eval_set"]
 
 
 def final_metrics(metrics: pd.DataFrame, trials: pd.DataFrame, task: str | None = "classification") -> pd.DataFrame:
@@ -47,53 +73,106 @@ def final_metrics(metrics: pd.DataFrame, trials: pd.DataFrame, task: str | None 
     return metrics[metrics["trial_id"].isin(ok) & (metrics["phase"] == "final")]
 
 
+def decision_task_datasets(trials: pd.DataFrame) -> set[str]:
+    """Datasets declared decision-task training sets (results written before the ``decision_task`` column
+    existed: the ``*_imbalanced`` names)."""
+    if "decision_task" not in trials:
+        return {d for d in trials["dataset"] if str(d).endswith("_imbalanced")}
+    return set(trials.loc[trials["decision_task"].fillna(False).astype(bool), "dataset"])
+
+
 def cell_means(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
-    """Per (composite, method, model, dataset, eval_set): the mean over seeds."""
+    """Per (composite, method, model, dataset, eval_set): the mean over seeds, on the cells the composite
+    covers (decision-task cells for ``decision_cost``, in-domain cells for every other composite)."""
     final = final_metrics(metrics, trials)
+    decision = final["dataset"].isin(decision_task_datasets(trials))
     frames = []
     for name, (kind, metric, _) in COMPOSITES.items():
-        rows = final[final["metric"] == metric]
+        rows = final[(final["metric"] == metric) & (decision if name == "decision_cost" else ~decision)]
         if kind == "test":
             rows = rows[rows["eval_set"] == "test"]
-        if name == "decision_cost":
-            rows = rows[rows["dataset"].str.endswith("_imbalanced")]
-        elif kind == "test":
-            rows = rows[~rows["dataset"].str.endswith("_imbalanced")]
+        elif kind == "ood":
+            rows = rows[~rows["eval_set"].isin(NOT_OOD_SETS)]
+        else:
+            rows = rows[rows["eval_set"] == kind]
         if rows.empty:
             continue
-        means = rows.groupby(["method", "model", "dataset", "eval_set"], as_index=False)["value"].mean()
+        means = rows.groupby(["method", *CELL_KEYS], as_index=False)["value"].mean()
         means.insert(0, "composite", name)
         frames.append(means)
     if not frames:
-        return pd.DataFrame(columns=["composite", "method", "model", "dataset", "eval_set", "value"])
+        return pd.DataFrame(columns=["composite", "method", *CELL_KEYS, "value"])
     return pd.concat(frames, ignore_index=True)
 
 
+def principle_ranks(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per method: ``rank_P`` for each principle P with results, and ``mean_rank`` (see the module doc)."""
+    columns = {}
+    for principle, names in PRINCIPLES.items():
+        ranks = []
+        for name in names:
+            rows = cells[cells["composite"] == name]
+            if rows.empty:
+                continue
+            higher = COMPOSITES[name][2]
+            ranked = rows.groupby(CELL_KEYS)["value"].rank(ascending=not higher, method="average")
+            ranks.append(pd.DataFrame({"method": rows["method"], "rank": ranked}))
+        if ranks:
+            columns[f"rank_{principle}"] = pd.concat(ranks).groupby("method")["rank"].mean()
+    table = pd.DataFrame(columns)
+    if not table.empty:
+        table["mean_rank"] = table.mean(axis=1, skipna=True)
+    return table
+
+
+def cell_counts(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """Per method: ``cells`` with at least one ok seed, ``planned_cells`` in the grid, and ``complete``
+    (every planned final trial finished ok)."""
+    planned = trials[(trials["phase"] == "final") & (trials["task"] == "classification")]
+    with_results = final_metrics(metrics, trials)[["method", "model", "dataset"]].drop_duplicates()
+    table = pd.DataFrame(
+        {
+            "cells": with_results.groupby("method").size(),
+            "planned_cells": planned.groupby("method")[["model", "dataset"]].apply(lambda g: len(g.drop_duplicates())),
+            "complete": planned.groupby("method")["status"].apply(lambda s: bool((s == "ok").all())),
+        }
+    )
+    table["cells"] = table["cells"].fillna(0).astype(int)
+    table["complete"] = table["complete"].fillna(False).astype(bool)
+    return table
+
+
 def composite_scores(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
-    """One row per method: the composites, the mean rank, and how many cells each average covers."""
+    """One row per method: the composites, the per-principle ranks, the mean rank and the cell counts."""
     cells = cell_means(metrics, trials)
     if cells.empty:
         return pd.DataFrame()
     table = cells.groupby(["method", "composite"])["value"].mean().unstack("composite")
     table = table[[c for c in COMPOSITES if c in table.columns]]
-    ranks = []
-    for name in RANKED:
-        rows = cells[cells["composite"] == name]
-        if rows.empty:
-            continue
-        higher = COMPOSITES[name][2]
-        ranked = rows.groupby(["model", "dataset", "eval_set"])["value"].rank(ascending=not higher, method="average")
-        ranks.append(pd.DataFrame({"method": rows["method"], "rank": ranked}))
-    if ranks:
-        table["mean_rank"] = pd.concat(ranks).groupby("method")["rank"].mean()
-    n_cells = cells[cells["composite"] == "accuracy"].groupby("method").size() if "accuracy" in table else cells.groupby("method").size()
-    table["cells"] = n_cells.reindex(table.index).fillna(0).astype(int)
-    table["complete"] = table["cells"] == table["cells"].max()
+    table = table.join(principle_ranks(cells)).join(cell_counts(metrics, trials), how="left")
     return table.sort_values("mean_rank" if "mean_rank" in table else table.columns[0])
 
 
+def composite_coverage(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """Which cells each composite averages: one row per composite, its cells as ``model/dataset`` (with
+    ``vs OOD set`` for OOD composites), so a reader sees what every number in the table stands for."""
+    cells = cell_means(metrics, trials)
+    rows = []
+    for name in COMPOSITES:
+        these = cells[cells["composite"] == name][CELL_KEYS].drop_duplicates().sort_values(CELL_KEYS)
+        if these.empty:
+            continue
+        text = [
+            f"{r.model}/{r.dataset}" + ("" if r.eval_set in NOT_OOD_SETS else f" vs {r.eval_set}")
+            for r in these.itertuples()
+        ]
+        rows.append({"composite": name, "n": len(text), "cells": ", ".join(text)})
+    return pd.DataFrame(rows, columns=["composite", "n", "cells"])
+
+
 def better_direction() -> dict[str, str]:
-    return {name: ("higher" if higher else "lower") for name, (_, _, higher) in COMPOSITES.items()} | {"mean_rank": "lower"}
+    ranks = {f"rank_{p}": "lower" for p in PRINCIPLES} | {"mean_rank": "lower"}
+    return {name: ("higher" if higher else "lower") for name, (_, _, higher) in COMPOSITES.items()} | ranks
 
 
 def per_cell_table(

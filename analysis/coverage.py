@@ -1,10 +1,12 @@
 """Coverage statistics of the deep-regression benchmark, computed from a ``points`` table alone.
 
-``points`` has one row per (trial, test point) with the columns method, experiment, complexity,
+``points`` has one row per (trial, test point) with the columns method, model, experiment, complexity,
 repetition, point_id, x, in_distribution, truth, mean, std (trial_id is not needed).  The anchor model's
-rows carry method = ``"blr"``.
+rows carry method = ``"blr"``.  A method label run on several models gives one series per model: every
+statistic is keyed on (method, model).  ``std`` is the epistemic spread across posterior samples with the
+S − 1 divisor (:class:`~ursa_ray.evaluation.predictive.RegressionPredictive`).
 
-Per method, experiment, complexity and test point, over the k repetitions r = 1..k:
+Per method, model, experiment, complexity and test point, over the k repetitions r = 1..k:
 
 * deviation   d̄ = (1/k) Σ_r |mean_r − truth|,     SE = sd_r(|mean_r − truth|) / √k  (sd with ddof = 1);
 * uncertainty ū = (1/k) Σ_r std_r,                  SE = sd_r(std_r) / √k;
@@ -27,18 +29,17 @@ import pandas as pd
 
 Z = 1.96
 ANCHOR = "blr"
-CELL = ["method", "experiment", "complexity"]
+CELL = ["method", "model", "experiment", "complexity"]
 POINT = CELL + ["point_id"]
 NAMED_TOLERANCE = 1e-4
 
 
 def _with_indicators(points: pd.DataFrame) -> pd.DataFrame:
-    missing = {"method", "experiment", "complexity", "repetition", "point_id", "in_distribution", "truth", "mean", "std"}
-    missing -= set(points.columns)
+    missing = set(POINT + ["repetition", "in_distribution", "truth", "mean", "std"]) - set(points.columns)
     if missing:
         raise KeyError(f"points table lacks columns {sorted(missing)}")
     # A runner may write the anchor's rows once per trial of a repetition: keep one row per point.
-    df = points.drop_duplicates(["method", "experiment", "complexity", "repetition", "point_id"]).copy()
+    df = points.drop_duplicates(POINT + ["repetition"]).copy()
     df["complexity"] = df["complexity"].astype(float)
     df["deviation"] = (df["mean"] - df["truth"]).abs()
     df["covered"] = (df["deviation"] <= Z * df["std"]).astype(float)
@@ -63,11 +64,11 @@ def _finish_se(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def uncertainty_ratio(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
-    """Per method, experiment, complexity and point: mean std, the anchor's mean std, their ratio and
+    """Per method, model, experiment, complexity and point: mean std, the anchor's mean std, their ratio and
     ``below_anchor`` (False where the cell has no anchor rows; the ratio is then NaN)."""
     df = _with_indicators(points)
     per_point = df.groupby(POINT, as_index=False)["std"].mean().rename(columns={"std": "uncertainty"})
-    base = per_point[per_point["method"] == anchor].drop(columns="method")
+    base = per_point[per_point["method"] == anchor].drop(columns=["method", "model"])
     base = base.rename(columns={"uncertainty": "anchor_uncertainty"})
     out = per_point.merge(base, on=["experiment", "complexity", "point_id"], how="left")
     out["uncertainty_ratio"] = out["uncertainty"] / out["anchor_uncertainty"]
@@ -76,7 +77,7 @@ def uncertainty_ratio(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFram
 
 
 def coverage_table(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
-    """One row per method, experiment, complexity and point_id with k, deviation, uncertainty and coverage
+    """One row per method, model, experiment, complexity and point_id with k, deviation, uncertainty and coverage
     (each with its standard error), x, in_distribution, truth, the anchor ratio and the below-anchor flag."""
     df = _with_indicators(points)
     grouped = df.groupby(POINT, sort=True)
@@ -100,7 +101,7 @@ def coverage_table(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
 
 
 def coverage_summary(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
-    """Per method, experiment, complexity and region (in_distribution True / False): k repetitions,
+    """Per method, model, experiment, complexity and region (in_distribution True / False): k repetitions,
     n_points, deviation, uncertainty and coverage with standard errors over repetitions, the mean over the
     region's points of the uncertainty ratio to the anchor, and the share of points below the anchor."""
     df = _with_indicators(points)
@@ -199,11 +200,12 @@ def regression_markdown(points: pd.DataFrame, anchor: str = ANCHOR) -> str:
     for experiment in sorted(summary["experiment"].unique()):
         s = summary[summary["experiment"] == experiment].copy()
         s["_o"] = s["method"].map(order)
-        s = s.sort_values(["complexity", "in_distribution", "_o"], ascending=[True, False, True])
+        s = s.sort_values(["complexity", "in_distribution", "_o", "model"], ascending=[True, False, True, True])
         rows = pd.DataFrame({
             "complexity": s["complexity"].map(lambda c: f"{c:g}"),
             "region": s["in_distribution"].map({True: "in-dist", False: "OOD"}),
             "method": s["method"],
+            "model": s["model"],
             "k": s["k"].astype(int).astype(str),
             "deviation": [_pm(a, b) for a, b in zip(s["deviation"], s["deviation_se"])],
             "uncertainty": [_pm(a, b) for a, b in zip(s["uncertainty"], s["uncertainty_se"])],
@@ -216,11 +218,12 @@ def regression_markdown(points: pd.DataFrame, anchor: str = ANCHOR) -> str:
         if not named.empty and (named["experiment"] == experiment).any():
             n = named[named["experiment"] == experiment].copy()
             n["_o"] = n["method"].map(order)
-            n = n.sort_values(["order", "complexity", "_o"])
+            n = n.sort_values(["order", "complexity", "_o", "model"])
             rows = pd.DataFrame({
                 "point": n["label"] + n["in_distribution"].map({True: " (in-dist)", False: " (OOD)"}),
                 "complexity": n["complexity"].map(lambda c: f"{c:g}"),
                 "method": n["method"],
+                "model": n["model"],
                 "deviation": [_pm(a, b) for a, b in zip(n["deviation"], n["deviation_se"])],
                 "uncertainty": [_pm(a, b) for a, b in zip(n["uncertainty"], n["uncertainty_se"])],
                 "coverage": [_pm(a, b) for a, b in zip(n["coverage"], n["coverage_se"])],

@@ -8,6 +8,8 @@
 * ``{exp}_regions.png``: the same three quantities averaged over in-distribution and OOD points.
 * ``{exp}_heatmaps_c{complexity}.png`` (fig. 7, 2-D inputs on a grid): per method, log10 deviation,
   log10 uncertainty and coverage over the grid; the training region is outlined.
+
+A method label run on several models is drawn as one series per model, named ``label (model)``.
 """
 
 from __future__ import annotations
@@ -173,6 +175,13 @@ def _heatmaps(table: pd.DataFrame, experiment: str, complexity: float, path: Pat
     return path
 
 
+def _series_names(points: pd.DataFrame) -> pd.Series:
+    """Each row's series name: its method label, with the model in parentheses where the label was run on
+    more than one model."""
+    several = points.groupby("method")["model"].transform("nunique") > 1
+    return points["method"].where(~several, points["method"] + " (" + points["model"] + ")")
+
+
 def write_regression_figures(points: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     """Write every regression figure for ``points`` into ``out_dir``; return the paths written."""
     out_dir = Path(out_dir)
@@ -180,6 +189,7 @@ def write_regression_figures(points: pd.DataFrame, out_dir: str | Path) -> list[
     if points.empty:
         return []
     written: list[Path] = []
+    points = points.assign(method=_series_names(points))
     table = coverage_table(points)
     summary = coverage_summary(points)
     named = named_point_table(points)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.composites import better_direction, composite_scores, per_cell_table
+from analysis.composites import better_direction, composite_coverage, composite_scores, per_cell_table
 from analysis.tables import load_results, markdown_table
 from ursa_ray.results import Location, is_uri
 
@@ -33,11 +33,17 @@ COST_METRICS = (
 )
 
 
-def composite_text(scores: pd.DataFrame) -> str:
-    """The composite-score table (from :func:`~analysis.composites.composite_scores`) with its legend."""
+def composite_text(scores: pd.DataFrame, coverage: pd.DataFrame) -> str:
+    """The composite-score table (from :func:`~analysis.composites.composite_scores`) with its legend, and
+    the cells each composite averages (from :func:`~analysis.composites.composite_coverage`)."""
     direction = better_direction()
     legend = ", ".join(f"{c}: {direction[c]} is better" for c in scores.columns if c in direction)
-    return markdown_table(scores) + f"\n\n({legend}; averages over cells, see README)"
+    return (
+        markdown_table(scores)
+        + f"\n\n({legend}; means over cells of seed means; rank_* rank within each principle, mean_rank"
+        " averages the principles with equal weight; see README, Composite scores)\n\nCells behind each"
+        " composite:\n\n" + markdown_table(coverage, index=False)
+    )
 
 
 def write_report(results_dir: str | Path | Location, cost: bool = False) -> str:
@@ -65,7 +71,7 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool)
     printed = []
     scores = composite_scores(metrics, trials) if not metrics.empty else pd.DataFrame()
     if not scores.empty and (metrics["eval_set"] == "test").any():
-        composites = composite_text(scores)
+        composites = composite_text(scores, composite_coverage(metrics, trials))
         sections += ["", "## Composite scores", "", composites]
         printed += ["Composite scores", composites]
         sections += ["", "## Per-cell results (mean ± std over seeds)"]
@@ -75,7 +81,7 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool)
                 sections += ["", f"### {title}", "", markdown_table(table)]
         ood_sets = sorted(set(metrics["eval_set"]) - {"test", "validation", "cost"})
         for ood in ood_sets:
-            for metric in ("ood_auroc_entropy", "ood_auroc_mi"):
+            for metric in ("ood_auroc_mi", "ood_auroc_entropy"):
                 table = per_cell_table(metrics, trials, metric, ood)
                 if not table.empty:
                     sections += ["", f"### OOD detection vs {ood}: {metric}", "", markdown_table(table)]

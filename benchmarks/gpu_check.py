@@ -63,9 +63,10 @@ DEVICE = torch.device("cuda", 0) if CUDA else torch.device("cpu")
 RESULTS: list[tuple[str, bool]] = []
 # test_hmc.chain(): 2 leapfrog steps of the adapted ε, 200 burn-in and 1000 sampling iterations
 HMC_CHAIN = dict(step_size=1e-3, n_leapfrog=2, burn_in=200, n_samples=1000, step_jitter=0.2, temperature=1.0)
-# the README's bfloat16 tolerances: (absolute, relative)
+# the README's mixed-precision tolerances (bfloat16 body, float32 output layer): (absolute, relative)
 BF16_TOLERANCE = {"accuracy": (0.01, 0), "nll": (0, 0.02), "ece": (0.01, 0), "brier": (0.01, 0),
-                  "misclass_auroc_entropy": (0.01, 0), "ood_auroc_entropy": (0.01, 0), "ood_auroc_mi": (0.01, 0)}
+                  "misclass_auroc_entropy": (0.01, 0), "misclass_auroc_mi": (0.002, 0),
+                  "ood_auroc_entropy": (0.01, 0), "ood_auroc_mi": (0.002, 0)}
 
 
 def report(name: str, ok: bool, detail: str) -> None:

@@ -98,19 +98,37 @@ def test_metrics_parquet_contract(tiny_run):
     assert not metrics.duplicated(["trial_id", "eval_set", "metric"]).any()
 
 
-def test_saved_predictions_reproduce_the_metrics(tiny_run):
-    from ursa_ray.evaluation import accuracy, nll
+def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
+    import math
+
+    from ursa_ray.data import get_dataset
+    from ursa_ray.evaluation.predictions import metrics_from_predictions
 
     _, results = tiny_run
     metrics = pd.read_parquet(results / "metrics.parquet")
-    trial_id = sorted(metrics.loc[metrics["method"] == "mc_dropout", "trial_id"])[0]
-    table = pd.read_parquet(results / "predictions" / f"{trial_id}__test.parquet")
-    probs = table[[f"p{k}" for k in range(10)]].to_numpy()
-    test = metrics[(metrics["trial_id"] == trial_id) & (metrics["eval_set"] == "test")].set_index("metric")["value"]
-    assert accuracy(probs, table["label"].to_numpy()) == pytest.approx(test["accuracy"])
-    assert nll(probs, table["label"].to_numpy()) == pytest.approx(test["nll"], rel=1e-6)
-    assert "expected_entropy" in table.columns
-    assert (results / "predictions" / f"{trial_id}__noise.parquet").exists()
+    reported = metrics[metrics["eval_set"] != "cost"]
+    assert set(reported["method"]) == {"sgd", "mc_dropout"}
+    for (trial_id, dataset), rows in reported.groupby(["trial_id", "dataset"]):
+        saved = {p.name[len(trial_id) + 2 : -len(".parquet")]: pd.read_parquet(p)
+                 for p in (results / "predictions").glob(f"{trial_id}__*.parquet")}
+        cost = get_dataset(dataset).load({}, (), None, False, 0).cost_matrix
+        recomputed = metrics_from_predictions(
+            saved.pop("test"), saved, None if cost is None else cost.numpy()
+        )
+        for row in rows.itertuples():
+            again = recomputed[row.eval_set][row.metric]
+            assert again == row.value or (math.isnan(again) and math.isnan(row.value)), (trial_id, row)
+    # a single-sample method has no knowledge uncertainty: its mutual-information AUROCs are exactly 0.5
+    sgd = reported[(reported["method"] == "sgd") & reported["metric"].isin(["ood_auroc_mi", "misclass_auroc_mi"])]
+    assert len(sgd) > 0 and (sgd["value"] == 0.5).all()
+
+
+def test_first_trial_of_each_worker_records_its_warm_up(tiny_run):
+    _, results = tiny_run
+    trials = pd.read_parquet(results / "trials.parquet")
+    warmed = trials["worker_setup_s"] > 0
+    assert 1 <= warmed.sum() < len(trials)  # workers are reused: only their first trials warm up
+    assert (trials.loc[~warmed, "worker_setup_s"] == 0).all()
 
 
 def test_report_writes_markdown(tiny_run, capsys):

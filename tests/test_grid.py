@@ -112,6 +112,61 @@ def test_bad_grid_is_rejected_naming_file_and_field(raw, message):
     assert "\n" not in text
 
 
+PCA_ESS_TEMPERATURE = [
+    ({"name": "pca_ess", "hyperparameters": {"temperature": 5000.0}}, "methods[0].hyperparameters.temperature"),
+    (
+        {"name": "pca_ess", "model_hyperparameters": {"mlp": {"temperature": 5000.0}}},
+        "methods[0].model_hyperparameters.mlp.temperature",
+    ),
+    (
+        {"name": "pca_ess", "search": {"temperature": {"type": "loguniform", "low": 1.0, "high": 1e4}}},
+        "methods[0].search.temperature",
+    ),
+]
+
+
+@pytest.mark.parametrize("method, field", PCA_ESS_TEMPERATURE, ids=["hyperparameters", "per_model", "search"])
+def test_subspace_temperature_is_rejected_with_a_hint(tmp_path, method, field):
+    """pca_ess's ``temperature`` divides only the log-likelihood, unlike SG-MCMC's and HMC's: it was renamed
+    ``likelihood_temperature``, and the old name is rejected before any trial, naming file, method and field."""
+    grid_file = tmp_path / "old.yaml"
+    grid_file.write_text(yaml.safe_dump(variant(methods=[method], search={"n_trials": 2})))
+    with pytest.raises(GridError) as info:
+        load_grid(grid_file)
+    text = str(info.value)
+    hint = "method pca_ess renamed 'temperature' to 'likelihood_temperature'; use likelihood_temperature"
+    assert text.startswith(f"{grid_file}: {field}: {hint}"), text
+    assert "\n" not in text
+
+
+def test_likelihood_temperature_reaches_the_subspace_trials():
+    raw = variant(methods=[{"name": "pca_ess", "hyperparameters": {"likelihood_temperature": 5000.0}}])
+    specs = parse_grid(raw, "g.yaml").trial_specs()
+    assert {s["config"]["likelihood_temperature"] for s in specs} == {5000.0}
+    assert all("temperature" not in s["config"] for s in specs)
+    # the samplers that temper the whole posterior keep `temperature`
+    raw = variant(methods=[{"name": name, "hyperparameters": {"temperature": 0.5}} for name in ("sgld", "hmc")])
+    assert {s["config"]["temperature"] for s in parse_grid(raw, "g.yaml").trial_specs()} == {0.5}
+
+
+def test_methods_listing_says_what_each_temperature_tempers(capsys):
+    assert main(["methods"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    method = None
+    temperature_line: dict[str, str] = {}
+    for line in lines:
+        if not line.startswith(" "):
+            method = line.split(":")[0]
+        elif "temperature (" in line:
+            temperature_line[method] = line.strip()
+    for name in ("sgld", "sghmc", "csgld", "csghmc", "hmc"):
+        line = temperature_line[name]
+        assert line.startswith("temperature (") and "exp(−U/T), the whole posterior" in line, line
+    line = temperature_line["pca_ess"]
+    assert line.startswith("likelihood_temperature (") and "only the log-likelihood" in line, line
+    assert line.endswith("(formerly temperature)"), line
+
+
 def test_invalid_yaml_and_missing_file(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("name: x\nmethods: [sgd\n")

@@ -11,7 +11,6 @@ from sklearn.metrics import accuracy_score, average_precision_score, log_loss, r
 
 from ursa_ray.evaluation import (
     ClassificationPredictive,
-    RegressionPredictive,
     accuracy,
     brier,
     classification_metrics,
@@ -21,7 +20,6 @@ from ursa_ray.evaluation import (
     nll,
     ood_detection,
     ood_metrics,
-    regression_metrics,
 )
 
 PROBS = np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]])
@@ -198,16 +196,3 @@ def test_ood_metrics_uses_total_entropy_and_mi() -> None:
     )
     assert ood_metrics(in_pred, ood_pred) == expected
     assert expected["ood_auroc_entropy"] > 0.8  # flat logits are the more uncertain
-
-
-def test_regression_metrics_hand_case() -> None:
-    # two samples mean ± std: means (1, 2, 3), stds (0.5, 0.1, 1.0); truth (1.9, 2.0, 4.98)
-    pred = RegressionPredictive(3)
-    pred.update(torch.tensor([0.5, 1.9, 2.0], dtype=torch.float64))
-    pred.update(torch.tensor([1.5, 2.1, 4.0], dtype=torch.float64))
-    out = regression_metrics(pred, np.array([1.9, 2.0, 4.98]))
-    # errors 0.9 <= 0.98, 0 <= 0.196, 1.98 > 1.96 (a 2-std band would cover it): coverage 2/3;
-    # rmse sqrt((0.81 + 1.98²) / 3) = 1.255707
-    assert out["rmse"] == pytest.approx(1.255707, abs=1e-6)
-    assert out["mean_std"] == pytest.approx(1.6 / 3, abs=1e-12)
-    assert out["coverage_95"] == pytest.approx(2 / 3, abs=1e-12)

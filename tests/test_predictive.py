@@ -123,7 +123,7 @@ def test_regression_matches_numpy_over_stacked_samples() -> None:
     assert pred.n_samples == 9
     assert pred.mean.dtype == np.float64 and pred.std.dtype == np.float64
     np.testing.assert_allclose(pred.mean, stacked.mean(axis=0), rtol=0, atol=1e-10)
-    np.testing.assert_allclose(pred.std, stacked.std(axis=0), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(pred.std, stacked.std(axis=0, ddof=1), rtol=0, atol=1e-10)
 
 
 def test_regression_std_zero_for_one_sample_and_hand_case() -> None:
@@ -131,9 +131,9 @@ def test_regression_std_zero_for_one_sample_and_hand_case() -> None:
     pred.update(torch.tensor([1.0, -2.0]))
     np.testing.assert_array_equal(pred.std, [0.0, 0.0])
     pred.update(torch.tensor([3.0, -2.0]))
-    # samples (1, 3): mean 2, population std 1; samples (-2, -2): mean -2, std 0
+    # samples (1, 3): mean 2, sample std √(((1 − 2)² + (3 − 2)²) / (2 − 1)) = √2; samples (-2, -2): std 0
     np.testing.assert_allclose(pred.mean, [2.0, -2.0], atol=1e-12)
-    np.testing.assert_allclose(pred.std, [1.0, 0.0], atol=1e-12)
+    np.testing.assert_allclose(pred.std, [math.sqrt(2.0), 0.0], atol=1e-12)
 
 
 def test_regression_memory_is_independent_of_sample_count() -> None:
@@ -146,3 +146,16 @@ def test_regression_memory_is_independent_of_sample_count() -> None:
     assert after_one == _buffer_bytes(pred) == 2 * 20 * 8
     with pytest.raises(ValueError):
         pred.update(torch.zeros(20, 2))
+
+
+def test_regression_variance_is_unbiased_for_a_five_member_ensemble() -> None:
+    """Five members with means f_s ~ N(0, s²) i.i.d., 20000 independent repetitions (one per example):
+    E[std²] = s² within 2%.  The S − 1 divisor makes the variance unbiased (std itself is biased low by
+    Jensen's inequality, E[std] = 0.94 s for S = 5); the divide-by-S estimator gives E[std²] = 0.8 s²."""
+    s, n_members, n_repetitions = 0.3, 5, 20000
+    gen = torch.Generator().manual_seed(11)
+    pred = RegressionPredictive(n_repetitions)
+    for _ in range(n_members):
+        pred.update(s * torch.randn(n_repetitions, dtype=torch.float64, generator=gen))
+    # std² / s² ~ χ²_4 / 4 has relative standard deviation 1/√2: the mean's is 0.5% over 20000 repetitions
+    assert np.mean(pred.std**2) / s**2 == pytest.approx(1.0, abs=0.02)

@@ -9,11 +9,12 @@ import pandas as pd
 import pytest
 
 from analysis.coverage import coverage_summary, coverage_table, named_point_table, regression_markdown
-from analysis.regression_figures import write_regression_figures
+from analysis.regression_figures import _series_names, write_regression_figures
 
 
 def hand_table() -> pd.DataFrame:
-    """Two methods, one cell, two points (0 in-distribution, 1 OOD), four repetitions."""
+    """Two methods (on the model "mlp"; the anchor on "true_features"), one cell, two points (0
+    in-distribution, 1 OOD), four repetitions."""
     rows = []
     truth = {0: 1.0, 1: -2.0}
     # method "m": (mean, std) per repetition and point
@@ -27,8 +28,9 @@ def hand_table() -> pd.DataFrame:
             mean, std = m[pid][rep]
             common = dict(experiment="e1", complexity=2, repetition=rep, point_id=pid, x=[float(pid)],
                           in_distribution=pid == 0, truth=truth[pid])
-            rows.append(dict(trial_id=f"m{rep}", method="m", mean=mean, std=std, **common))
-            rows.append(dict(trial_id=f"b{rep}", method="blr", mean=truth[pid] + 0.01 * (rep - 1.5), std=blr[pid], **common))
+            rows.append(dict(trial_id=f"m{rep}", method="m", model="mlp", mean=mean, std=std, **common))
+            rows.append(dict(trial_id=f"b{rep}", method="blr", model="true_features",
+                             mean=truth[pid] + 0.01 * (rep - 1.5), std=blr[pid], **common))
     return pd.DataFrame(rows)
 
 
@@ -86,6 +88,25 @@ def test_summary_averages_points_within_each_repetition() -> None:
     assert s["uncertainty_ratio"] == pytest.approx((1.0 + 0.4 / 0.3) / 2)
 
 
+def test_a_label_run_on_two_models_keeps_the_rows_of_both() -> None:
+    """The label "m" on the models "mlp" and "wide" (shifted by +1): neither model's rows are dropped as
+    duplicates, each keeps its k = 4 repetitions and its own statistics, and both share the anchor."""
+    points = hand_table()
+    wide = points[points["method"] == "m"].assign(model="wide", trial_id=lambda f: "w" + f["trial_id"],
+                                                  mean=lambda f: f["mean"] + 1.0)
+    points = pd.concat([points, wide], ignore_index=True)
+    table = coverage_table(points).set_index(["method", "model", "point_id"])
+    assert table.loc[("m", "mlp", 0), "k"] == table.loc[("m", "wide", 0), "k"] == 4
+    assert table.loc[("m", "mlp", 0), "deviation"] == pytest.approx(np.mean([0.1, 0.3, 0.0, 0.5]))
+    assert table.loc[("m", "wide", 0), "deviation"] == pytest.approx(np.mean([1.1, 0.7, 1.0, 1.5]))
+    assert table.loc[("m", "wide", 0), "uncertainty_ratio"] == pytest.approx(1.0)  # the anchor's std 0.15
+    assert table.loc[("blr", "true_features", 0), "k"] == 4
+    summary = coverage_summary(points).set_index(["method", "model", "in_distribution"])
+    assert summary.loc[("m", "wide", True), "k"] == summary.loc[("m", "mlp", True), "k"] == 4
+    assert "| m | wide |" in regression_markdown(points)
+    assert set(_series_names(points)) == {"m (mlp)", "m (wide)", "blr"}  # one figure series per model
+
+
 def synthetic_points() -> pd.DataFrame:
     """Anchor rows plus a biased, over-confident fake method for e1 (two complexities) and e3."""
     from ursa_ray.data.synthetic_regression import make_dataset
@@ -98,8 +119,8 @@ def synthetic_points() -> pd.DataFrame:
                 ds = make_dataset(experiment, c, rep)
                 blr = anchor_points(ds, complexity=c, repetition=rep, trial_id=f"{experiment}-{c}-{rep}-blr")
                 frames.append(blr)
-                frames.append(points_frame(ds, blr["mean"] + 0.05, blr["std"] * 0.5, method="fake", complexity=c,
-                                           repetition=rep, trial_id=f"{experiment}-{c}-{rep}-fake"))
+                frames.append(points_frame(ds, blr["mean"] + 0.05, blr["std"] * 0.5, method="fake", model="mlp",
+                                           complexity=c, repetition=rep, trial_id=f"{experiment}-{c}-{rep}-fake"))
     return pd.concat(frames, ignore_index=True)
 
 

@@ -107,6 +107,32 @@ def test_repetitions_share_design_and_differ_only_in_noise(name, complexity) -> 
     assert abs(residuals.mean()) < 3 * NOISE_STD[name] / np.sqrt(residuals.size)
 
 
+@pytest.mark.parametrize("name,low,high", [("e1", 1.0, 5.0), ("e3", 1.0, 3.0)])
+def test_complexity_levels_share_gamma_and_have_their_own_inputs(name, low, high) -> None:
+    """γ is drawn once per experiment, so a curve over complexity varies the complexity alone (this fails
+    as soon as the complexity enters γ's seed); the training inputs stay per level, as in the paper."""
+    x_low, gamma_low = design(name, low)
+    x_high, gamma_high = design(name, high)
+    np.testing.assert_array_equal(gamma_low, gamma_high)
+    assert not np.array_equal(x_low, x_high)
+
+
+def test_e2_levels_hold_each_coordinates_draws_fixed() -> None:
+    """E.2's γ(d) = (z_0, (a_1..a_d, b_1..b_d, c_1..c_d, e_1..e_{d−1}) / √d) from one fixed draw: the
+    coefficients at d = 3, times √3, are those at d = 5, times √5, on the shared features."""
+    d_small, d_large = 3, 5
+    small, large = design("e2", d_small)[1], design("e2", d_large)[1]
+    assert small.shape == (4 * d_small,) and large.shape == (4 * d_large,)
+    assert small[0] == large[0]  # the intercept is not rescaled
+
+    def blocks(gamma: np.ndarray, d: int) -> list[np.ndarray]:
+        z = gamma[1:] * np.sqrt(d)
+        return [z[:d], z[d:2 * d], z[2 * d:3 * d], z[3 * d:]]  # x_j, sin x_j, cos x_j, sin(x_j + x_j+1)
+
+    for part_small, part_large in zip(blocks(small, d_small), blocks(large, d_large)):
+        np.testing.assert_allclose(part_small, part_large[: len(part_small)], rtol=1e-12)
+
+
 def test_n_train_option_and_bounds() -> None:
     small = load("e1", 2.0, 0, n_train=50)
     full = load("e1", 2.0, 0)

@@ -1,5 +1,5 @@
 """PCA subspace + elliptical slice sampling: the ESS kernel on a closed-form Gaussian, the PCA basis,
-the tempered subspace likelihood and the pca_ess method end to end."""
+the subspace likelihood tempered by ``likelihood_temperature`` and the pca_ess method end to end."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_pca_basis_is_scaled_principal_directions():
     assert pca_basis(d, 99).shape == (5, 40)
 
 
-def test_subspace_log_likelihood_is_tempered_full_batch():
+def test_subspace_log_likelihood_is_the_full_batch_log_likelihood_over_t():
     problem = regression_problem()
     model = problem.make_model()
     mean = flat_parameters(model)
@@ -124,9 +124,9 @@ def test_subspace_log_likelihood_is_tempered_full_batch():
     with torch.no_grad():
         exact = problem.likelihood.log_prob(reference(problem.x), problem.y).sum().item()
 
-    for temperature in (1.0, 50.0):
-        f = subspace_log_likelihood(model, problem, mean, basis, temperature, chunk=10)
-        assert f(z) == pytest.approx(exact / temperature, rel=1e-5)
+    for likelihood_temperature in (1.0, 50.0):
+        f = subspace_log_likelihood(model, problem, mean, basis, likelihood_temperature, chunk=10)
+        assert f(z) == pytest.approx(exact / likelihood_temperature, rel=1e-5)
     torch.testing.assert_close(flat_parameters(model), flat_parameters(reference))
 
 
@@ -176,10 +176,10 @@ def _subspace_spread(seed: int, overrides) -> float:
     return torch.stack(coords).std(0).mean().item()
 
 
-def test_temperature_flattens_the_subspace_posterior():
-    # T < 1 sharpens the (here nearly flat) subspace likelihood; T → ∞ leaves the N(0, 2² I) prior
-    cold = _subspace_spread(6, {"n_samples": 15, "ess_burn_in": 15, "temperature": 0.01})
-    hot = _subspace_spread(6, {"n_samples": 15, "ess_burn_in": 15, "temperature": 1e9})
+def test_likelihood_temperature_flattens_only_the_likelihood():
+    # T < 1 sharpens the (here nearly flat) subspace likelihood; T → ∞ leaves the untempered N(0, 2² I) prior
+    cold = _subspace_spread(6, {"n_samples": 15, "ess_burn_in": 15, "likelihood_temperature": 0.01})
+    hot = _subspace_spread(6, {"n_samples": 15, "ess_burn_in": 15, "likelihood_temperature": 1e9})
     assert hot > 2 * cold, (hot, cold)
     assert 0.6 < hot / 2.0 < 1.4, hot  # ≈ the prior std 2 once the likelihood is flattened
 

@@ -24,7 +24,7 @@ def test_registered_with_budget_keys():
         declared = {h.name for h in method.hyperparameters}
         assert {"epochs", "batch_size"} <= declared
     assert "n_samples" in {h.name for h in get_method("swag").hyperparameters}
-    assert resolve_config(get_method("swag"), {})["scale"] == 0.5
+    assert resolve_config(get_method("swag"), {})["scale"] == 1.0  # the paper's covariance, unscaled
 
 
 def test_running_mean_is_exact_mean_of_iterates():
@@ -64,7 +64,7 @@ def test_deviation_buffer_keeps_last_k_running_deviations():
 
 @pytest.mark.parametrize("scale", [0.5, 1.0])
 def test_draw_covariance_matches_formula(scale):
-    """Draws ~ N(θ̄, scale·(diag σ² + DᵀD/(K−1))): sample mean, variances and covariances agree."""
+    """Draws ~ N(θ̄, scale·½(diag σ² + DᵀD/(K−1))): sample mean, variances and covariances agree."""
     gen = torch.Generator().manual_seed(2)
     p, k = 5, 4
     directions = torch.randn(2, p, generator=gen)
@@ -73,7 +73,7 @@ def test_draw_covariance_matches_formula(scale):
         moments.collect(1.0 + torch.randn(p, generator=gen) * 0.3 + torch.randn(2, generator=gen) @ directions)
     assert moments.n_stored == k
     d = moments.deviation_matrix().double()
-    expected = scale * (torch.diag(moments.sq_mean - moments.mean**2) + d.T @ d / (k - 1))
+    expected = scale * 0.5 * (torch.diag(moments.sq_mean - moments.mean**2) + d.T @ d / (k - 1))
     torch.testing.assert_close(moments.covariance(scale), expected)
     torch.testing.assert_close(moments.covariance_diagonal(scale), torch.diagonal(expected))
 
@@ -97,11 +97,33 @@ def test_diagonal_only_when_fewer_than_two_deviations():
     moments = SWAGMoments(3, max_rank=0)
     for _ in range(5):
         moments.collect(torch.randn(3, generator=gen))
-    torch.testing.assert_close(moments.covariance(1.0), torch.diag(moments.variance()))
+    # SWAG-diagonal: Σ = Σ_diag, no ½ (that averages Σ_diag with a low-rank estimate there is none of)
+    torch.testing.assert_close(moments.covariance(), torch.diag(moments.variance()))
+    torch.testing.assert_close(moments.covariance_diagonal(), moments.variance())
+    torch.testing.assert_close(moments.covariance_diagonal(0.5), 0.5 * moments.variance())
     one = SWAGMoments(3, max_rank=5)
     one.collect(torch.ones(3))
     draw = one.sample(torch.Generator().manual_seed(0), 0.5, min_var=1e-30)
     torch.testing.assert_close(draw, torch.ones(3))  # one iterate: zero variance, no low-rank term
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_swag_diagonal_draws_have_variance_sigma_diag(rank):
+    """SWAG with rank < 2 is SWAG-diagonal, N(θ̄, Σ_diag) (Maddox et al. 2019): the empirical variance of
+    the method's draws matches Σ_diag = mean(θ_i²) − mean(θ_i)² of the collected iterates, not ½Σ_diag."""
+    n_draws = 4000
+    config = resolve_config(get_method("swag"), {**SMALL, "rank": rank, "n_samples": n_draws})
+    draws = torch.stack(
+        [flat_parameters(p).double() for p in get_method("swag").sample_posterior(regression_problem(8), config, {})]
+    )
+    iterates: list[torch.Tensor] = []
+    fit_swa(regression_problem(8), config, {}, rank, on_collect=iterates.append)  # the same run, recorded
+    stacked = torch.stack(iterates).double()
+    sigma_diag = (stacked**2).mean(0) - stacked.mean(0) ** 2
+    ratio = draws.var(0) / sigma_diag
+    se = math.sqrt(2 / (n_draws - 1))  # relative standard error of a sample variance
+    assert ((ratio - 1).abs() < 5 * se).all(), ratio
+    assert abs(ratio.mean().item() - 1) < 4 * se / math.sqrt(len(ratio)), ratio.mean()
 
 
 def test_collection_schedule_and_grad_evals():

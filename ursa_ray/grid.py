@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,7 @@ class Grid:
             "model_options": cell["model"].options,
             "dataset": cell["dataset"].name,
             "task": cell["dataset"].task,
+            "decision_task": data.get_dataset(cell["dataset"].name).decision_task,
             "dataset_options": cell["dataset_options"],
             "complexity": cell["complexity"],
             "ood": list(cell["dataset"].ood),
@@ -176,11 +178,29 @@ def _fail(path: str, where: str, message: str) -> GridError:
     return GridError(f"{path}: {where}: {message}")
 
 
-def _check_options(path: str, where: str, declared: tuple[Hyperparameter, ...], given: Any) -> dict[str, Any]:
+def _reject_former_names(
+    path: str, where: str, owner: str, declared: tuple[Hyperparameter, ...], given: Mapping[str, Any]
+) -> None:
+    """Reject a name that one of ``owner``'s settings had before it was renamed
+    (:attr:`Hyperparameter.formerly`), naming the setting to use instead."""
+    for h in declared:
+        for old in h.formerly:
+            if old in given:
+                raise _fail(
+                    path, f"{where}.{old}", f"{owner} renamed {old!r} to {h.name!r}; use {h.name} ({h.doc})"
+                )
+
+
+def _check_options(
+    path: str, where: str, owner: str, declared: tuple[Hyperparameter, ...], given: Any
+) -> dict[str, Any]:
+    """``given`` (a mapping of setting name to value) checked against ``declared``, the settings of
+    ``owner`` (e.g. "method pca_ess"), for the grid field ``where``."""
     if given is None:
         return {}
     if not isinstance(given, dict):
         raise _fail(path, where, f"expected a mapping, got {type(given).__name__}")
+    _reject_former_names(path, where, owner, declared, given)
     table = {h.name: h for h in declared}
     out = {}
     for name, value in given.items():
@@ -264,7 +284,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         if item["name"] not in known_models:
             raise _fail(path, f"models[{i}].name", f"unknown model {item['name']!r}; allowed: {', '.join(known_models)}")
         spec = known_models[item["name"]]
-        options = _check_options(path, f"models[{i}].options", spec.options, item.get("options"))
+        options = _check_options(path, f"models[{i}].options", f"model {spec.name}", spec.options, item.get("options"))
         model_entries.append(ModelEntry(item["name"], options))
     if len({m.name for m in model_entries}) != len(model_entries):
         raise _fail(path, "models", "each model may appear once")
@@ -296,7 +316,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
                 except ValueError as exc:
                     raise _fail(path, f"{where}.complexity[{j}]", str(exc)) from None
             complexity = tuple(checked)
-        options = _check_options(path, f"{where}.options", spec.options, item.get("options"))
+        options = _check_options(path, f"{where}.options", f"dataset {spec.name}", spec.options, item.get("options"))
         dataset_entries.append(DatasetEntry(item["name"], spec.task, tuple(ood), complexity, options))
     if len({d.name for d in dataset_entries}) != len(dataset_entries):  # a cell is named by its dataset
         raise _fail(path, "datasets", "each dataset may appear once")
@@ -324,7 +344,12 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
             raise _fail(path, f"{where}.label", "expected a non-empty string without '/'")
         only = _name_subset(path, f"{where}.models", item.get("models"), model_names, "model")
         only_data = _name_subset(path, f"{where}.datasets", item.get("datasets"), dataset_names, "dataset")
-        hyper = _check_options(path, f"{where}.hyperparameters", method.hyperparameters, item.get("hyperparameters"))
+        owner = f"method {method.name}"
+        hyper = _check_options(
+            path, f"{where}.hyperparameters", owner, method.hyperparameters, item.get("hyperparameters")
+        )
+        if isinstance(item.get("search"), dict):
+            _reject_former_names(path, f"{where}.search", owner, method.hyperparameters, item["search"])
         space = parse_search_space(path, f"{where}.search", method.hyperparameters, item.get("search"), _fail)
         per_model_raw = item.get("model_hyperparameters") or {}
         if not isinstance(per_model_raw, dict):
@@ -334,7 +359,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
             if model_name not in model_names:
                 raise _fail(path, f"{where}.model_hyperparameters.{model_name}", f"not among the grid's models: {', '.join(model_names)}")
             per_model[model_name] = _check_options(
-                path, f"{where}.model_hyperparameters.{model_name}", method.hyperparameters, values
+                path, f"{where}.model_hyperparameters.{model_name}", owner, method.hyperparameters, values
             )
         method_entries.append(MethodEntry(item["name"], label, only, hyper, space, per_model, only_data))
     labels = [m.label for m in method_entries]

@@ -29,6 +29,8 @@ from ursa_ray.evaluation import (
     ood_metrics,
     regression_metrics,
 )
+from ursa_ray.evaluation.precision import evaluation_precision, keep_output_layer_float32
+from ursa_ray.evaluation.predictions import prediction_table
 from ursa_ray.methods.base import Categorical, Gaussian, Problem
 
 EVAL_BATCH = 2048
@@ -46,22 +48,31 @@ class TrialOutcome:
     selection: dict[str, float] = field(default_factory=dict)
 
 
+RANDOM_STREAMS = ("init", "data", "split")
+
+
+def trial_seeds(seed: int) -> dict[str, int]:
+    """Independent seeds of a trial's random streams, spawned from ``numpy.random.SeedSequence(seed)``
+    (children in the order of ``RANDOM_STREAMS``, 64 bits each):
+
+    - ``init``: torch's global generator (weight initialisation, dropout masks) and numpy's global state;
+    - ``data``: ``problem.generator`` (mini-batch order, augmentation, bootstrap resampling, and the
+      methods' own draws: SG-MCMC and HMC take their noise key from it once, before the first step);
+    - ``split``: the search phase's validation split (the same for every configuration of a cell).
+
+    No two streams share bits, of one trial or of two seeds (SeedSequence hashes the seed and the
+    child's index).
+    """
+    children = np.random.SeedSequence(seed).spawn(len(RANDOM_STREAMS))
+    return {name: int(c.generate_state(1, np.uint64)[0]) for name, c in zip(RANDOM_STREAMS, children, strict=True)}
+
+
 def validation_split(n: int, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
-    """Seeded random split of range(n) into (train, validation) indices, ⌈fraction·n⌉ for validation."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(10_000 + seed))
+    """Seeded random split of range(n) into (train, validation) indices, ⌈fraction·n⌉ for validation,
+    drawn from the trial seed's ``split`` stream (:func:`trial_seeds`)."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(trial_seeds(seed)["split"]))
     n_val = max(1, math.ceil(fraction * n))
     return order[n_val:], order[:n_val]
-
-
-def evaluation_precision(device: torch.device, task: str) -> torch.dtype | None:
-    """Mixed precision for evaluation: bfloat16 autocast for classification on a GPU, else full float32.
-
-    bfloat16 evaluation changes no classification metric beyond a documented tolerance (accuracy and
-    AUROCs within 0.01, NLL within 2% relative; ``tests/test_mixed_precision.py`` checks it with the same
-    autocast on the CPU).  Regression stays in float32: its uncertainties are compared with the exact
-    anchor at a few per cent.
-    """
-    return torch.bfloat16 if device.type == "cuda" and task == "classification" else None
 
 
 def predict(predictor: Any, x: Tensor, precision: torch.dtype | None = None) -> Tensor:
@@ -71,6 +82,35 @@ def predict(predictor: Any, x: Tensor, precision: torch.dtype | None = None) -> 
     if not torch.isfinite(out).all():
         raise FloatingPointError("the network produced non-finite outputs")
     return out
+
+
+def warm_up_worker(device: torch.device) -> float:
+    """Pay a fresh worker process's one-off costs before any timed trial; returns the seconds spent.
+
+    torch's first calls (thread pool, autograd, the optimiser, the device's context), the evaluation path
+    (accumulator and scikit-learn metrics) and every method's compiled kernels (``warm_up(device)``, where
+    a method declares one).  The trial runner calls it once per worker and records the time in its own
+    column, ``worker_setup_s``, so that no method's cost depends on whether it ran first in a worker.
+    """
+    start = time.perf_counter()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(16, 3)
+    ).to(device)
+    optimiser = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    x, y = torch.randn(32, 8, device=device), torch.arange(32, device=device) % 3
+    for _ in range(3):
+        optimiser.zero_grad()
+        Categorical().nll(model(x), y).backward()
+        optimiser.step()
+    predictive = ClassificationPredictive(32, 3, device)
+    predictive.update(predict(model, x))
+    classification_metrics(predictive, y.cpu().numpy())
+    for method in methods.registry().values():
+        if hasattr(method, "warm_up"):
+            method.warm_up(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
 
 
 def pick_device(n_gpus: float) -> torch.device:
@@ -92,9 +132,10 @@ def run_trial(
     start_wall, start_cpu = time.perf_counter(), time.process_time()
     device = device or pick_device(spec["resources"]["gpu"])
     seed = int(spec["seed"])
-    torch.manual_seed(seed)
-    np.random.seed(seed)
-    generator = torch.Generator().manual_seed(seed)
+    seeds = trial_seeds(seed)
+    torch.manual_seed(seeds["init"])
+    np.random.seed(seeds["init"] % 2**32)
+    generator = torch.Generator().manual_seed(seeds["data"])
 
     dataset_spec = data.get_dataset(spec["dataset"])
     ds = dataset_spec.load(
@@ -117,6 +158,7 @@ def run_trial(
     if model_spec.needs_feature_map:
         model_kwargs["feature_map"] = ds.feature_map
 
+    precision = evaluation_precision(device, ds.task)
     n_params = 0  # of the model as built (before a method adds its own parameters), set by the first build
 
     def make_model() -> torch.nn.Module:
@@ -124,6 +166,8 @@ def run_trial(
         model = model_spec.build(ds.input_shape, ds.n_outputs, **model_kwargs).to(device)
         if device.type == "cuda" and len(ds.input_shape) == 3:
             model = model.to(memory_format=torch.channels_last)
+        if precision is not None:
+            keep_output_layer_float32(model, ds.n_outputs)
         n_params = n_params or sum(p.numel() for p in model.parameters())
         return model
 
@@ -137,7 +181,6 @@ def run_trial(
     else:
         accumulators = {k: RegressionPredictive(x.shape[0], device) for k, (x, _) in eval_sets.items()}
     stats: dict[str, float] = {}
-    precision = evaluation_precision(device, ds.task)
     train_s = eval_s = 0.0
     stream = method.sample_posterior(problem, spec["config"], stats)
     tick = time.perf_counter()
@@ -150,7 +193,7 @@ def run_trial(
             accumulators[name].update(predict(predictor, x, precision))
         eval_s += time.perf_counter() - tick
         if progress is not None and "validation" in eval_sets:
-            running = _evaluate(ds, accumulators["validation"], eval_sets["validation"][1])
+            running = _evaluate(ds, accumulators["validation"], eval_sets["validation"][1], "validation")
             progress(
                 accumulators["validation"].n_samples,
                 {f"val_{k}": float(v) for k, v in running.items()},
@@ -166,7 +209,7 @@ def run_trial(
     values: dict[str, dict[str, float]] = {}
     for name, (x, y) in eval_sets.items():
         if y is not None:
-            values[name] = _evaluate(ds, accumulators[name], y)
+            values[name] = _evaluate(ds, accumulators[name], y, name)
     if spec["phase"] == "final":
         if ds.task == "classification":
             for name in ds.ood:
@@ -199,7 +242,8 @@ def run_trial(
     ]
     if spec["save_predictions"] and spec["phase"] == "final" and ds.task == "classification":
         outcome.predictions = {
-            name: _prediction_table(acc, eval_sets[name][1]) for name, acc in accumulators.items()
+            name: prediction_table(acc, None if eval_sets[name][1] is None else eval_sets[name][1].numpy())
+            for name, acc in accumulators.items()
         }
     outcome.record = {
         "n_samples": n_samples,
@@ -216,20 +260,17 @@ def run_trial(
     return outcome
 
 
-def _evaluate(ds: data.base.Dataset, pred: Any, targets: Tensor) -> dict[str, float]:
-    """In-domain metrics of the accumulated posterior predictive against labels (or regression truth)."""
+def _evaluate(ds: data.base.Dataset, pred: Any, targets: Tensor, eval_set: str) -> dict[str, float]:
+    """In-domain metrics of the accumulated posterior predictive against labels, or for regression against
+    the noise-free truth (the test set's targets: epistemic metrics) or noisy observations (the validation
+    split's targets: predictive metrics), see :func:`~ursa_ray.evaluation.metrics.regression_metrics`."""
     if ds.task == "classification":
         cost = None if ds.cost_matrix is None else ds.cost_matrix.numpy()
         return classification_metrics(pred, targets.numpy(), cost)
-    values = regression_metrics(pred, targets.numpy())
-    values["nll"] = _gaussian_nll(pred, targets.numpy(), float(ds.noise_std))
-    return values
-
-
-def _gaussian_nll(pred: RegressionPredictive, y: np.ndarray, noise_std: float) -> float:
-    """Mean −log N(y; mean, std² + σ²): the predictive NLL with epistemic and aleatoric variance."""
-    var = pred.std**2 + noise_std**2
-    return float(np.mean(0.5 * np.log(2 * np.pi * var) + 0.5 * (y.reshape(-1) - pred.mean) ** 2 / var))
+    # A regression Dataset's test_y is the noise-free truth; the validation split holds noisy training targets.
+    if eval_set == "test":
+        return regression_metrics(pred, float(ds.noise_std), truth=targets.numpy())
+    return regression_metrics(pred, float(ds.noise_std), observed=targets.numpy())
 
 
 def _points(spec: Mapping[str, Any], ds: data.base.Dataset, pred: RegressionPredictive) -> list[dict[str, Any]]:
@@ -238,20 +279,9 @@ def _points(spec: Mapping[str, Any], ds: data.base.Dataset, pred: RegressionPred
 
     complexity = float(spec["complexity"]) if spec["complexity"] is not None else math.nan
     where = {"complexity": complexity, "repetition": int(spec["seed"])}
-    frames = [points_frame(ds, pred.mean, pred.std, method=spec["label"], trial_id=spec["trial_id"], **where)]
+    frames = [points_frame(ds, pred.mean, pred.std, method=spec["label"], model=spec["model"],
+                           trial_id=spec["trial_id"], **where)]
     if ds.feature_map is not None:
         anchor_id = f"blr-{spec['dataset']}-c{complexity:g}-s{spec['seed']}"
         frames.append(anchor_points(ds, trial_id=anchor_id, **where))
     return pd.concat(frames, ignore_index=True).to_dict("records")
-
-
-def _prediction_table(pred: ClassificationPredictive, labels: Tensor | None) -> pd.DataFrame:
-    """Posterior-predictive class probabilities with labels (−1 for OOD sets) and the per-sample entropy
-    term (mean over samples of H[p_s]), so that every metric can be recomputed without rerunning."""
-    probs = pred.mean_probs
-    table = pd.DataFrame(probs, columns=[f"p{k}" for k in range(probs.shape[1])])
-    table.insert(0, "label", -1 if labels is None else labels.numpy())
-    table.insert(0, "index", np.arange(len(table)))
-    table["expected_entropy"] = pred.expected_entropy
-    table["n_samples"] = pred.n_samples
-    return table

@@ -54,7 +54,9 @@ class DatasetSpec:
     the requested OOD sets, normalised with the in-domain statistics.  ``check(data_root, ood_names)``
     raises :class:`DatasetMissing` (naming the dataset, the path looked at and how to get it) when files
     are absent; it is called before any trial starts.  ``options`` are extra settings a grid may give,
-    ``sweep`` names the option a regression grid sweeps as its complexity.  ``seed`` is the trial's seed:
+    ``sweep`` names the option a regression grid sweeps as its complexity.  ``decision_task`` marks a
+    training set made for URSABench's decision task (an imbalanced copy): its cells count only in the
+    ``decision_cost`` composite, never in the in-domain ones.  ``seed`` is the trial's seed:
     classification splits ignore it (they are fixed); a regression repetition draws its noise from it.
     """
 
@@ -66,6 +68,7 @@ class DatasetSpec:
     options: tuple[Hyperparameter, ...] = ()
     check: Callable[[Path, tuple[str, ...]], None] | None = None
     sweep: str | None = None
+    decision_task: bool = False
 
 
 def data_root(grid_value: str | None) -> Path:

@@ -104,5 +104,6 @@ DATASETS = (
         description="digits with classes 3 and 7 kept at 10% of their training examples (decision task)",
         load=_load_imbalanced,
         ood_sets=OOD_SETS,
+        decision_task=True,
     ),
 )

@@ -4,10 +4,13 @@ Every problem has the form y = G(x)ᵀγ + ε, ε ~ N(0, σ²) with σ known, wh
 nonlinear in x but the model is linear in γ ∈ R^p, so the flat-prior Bayesian posterior (the *anchor*,
 :mod:`ursa_ray.regression.anchor`) is available in closed form.
 
-Randomness is split in two:
+Randomness is split in three:
 
-* a fixed **design seed** per (experiment, complexity) draws the training inputs and γ, so every
-  repetition of a configuration sees the same x and the same regression function;
+* a fixed **coefficient seed** per experiment draws γ, the same at every complexity level, so that a curve
+  over complexity varies the complexity alone, not the random function as well (the paper varies only
+  f_main and keeps the function's other coefficients);
+* a fixed **input seed** per (experiment, complexity) draws the training inputs: as in the paper, every
+  complexity level has its own training set, and every repetition of a level sees the same x;
 * the trial's ``seed`` is the **repetition**: it draws only the observation noise ε of the training targets.
 
 Test inputs are deterministic grids that reach beyond the training region; ``test_y`` is the noise-free
@@ -26,9 +29,13 @@ E.3 (``e3``), complexity = frequency f ∈ [0.5, 8] (default 1), p = 9, σ = 0.1
     G(x) = (1, x_1, x_2, sin f x_1, cos f x_1, sin f x_2, cos f x_2, sin f x_1 · sin f x_2,
     cos f x_1 · cos f x_2), train x ~ U[1, 4]²; test x on the regular grid {−1, −0.75, …, 6}² (841 points).
 
-γ: E.1 and E.3 draw γ_j ~ N(0, 1) except the trend coefficients (x, x_1, x_2), drawn as N(0, 0.3²);
-E.2 draws the intercept as N(0, 1) and the other 4d − 1 coefficients as N(0, 1/d), so that the function's
-scale does not grow with d.
+γ: E.1 and E.3 draw γ_j ~ N(0, 1) except the trend coefficients (x, x_1, x_2), drawn as N(0, 0.3²); p
+does not depend on the complexity, so one γ serves every level.  E.2's p = 4d grows with d, so what is held
+fixed there is one standard-normal draw per feature of the largest design (d = 16): z_0 for the
+intercept and, for every coordinate j, (a_j, b_j, c_j, e_j) for x_j, sin x_j, cos x_j and sin(x_j + x_{j+1}).
+Level d uses z_0 and the draws of coordinates 1..d (pairs 1..d−1), scaled by 1/√d so that the function's
+scale does not grow with d: γ(d) = (z_0, (a_1..a_d, b_1..b_d, c_1..c_d, e_1..e_{d−1}) / √d).  Going from d
+to d + 1 adds coordinate d + 1's terms and rescales the others; it redraws nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ EXPERIMENTS = ("e1", "e2", "e3")
 NOISE_STD = {"e1": 0.1, "e2": 0.1, "e3": 0.1}
 DEFAULT_COMPLEXITY = {"e1": 2.0, "e2": 2.0, "e3": 1.0}
 COMPLEXITY_BOUNDS = {"e1": (0.5, 12.0), "e2": (1.0, 16.0), "e3": (0.5, 8.0)}
+E2_MAX_DIMENSION = int(COMPLEXITY_BOUNDS["e2"][1])
 TRAIN_BOX = {"e1": (-4.0, 4.0), "e2": (-4.0, 4.0), "e3": (1.0, 4.0)}
 """Training inputs are uniform on this interval in every coordinate; it is also the in-distribution region."""
 
@@ -56,7 +64,7 @@ E1_NAMED = {"x=-2.38": -2.38, "x=1.2": 1.2, "x=-5.11": -5.11}
 E2_NAMED = {"lambda=0.6": 0.6, "lambda=0.07": 0.07}
 E3_GRID = (-1.0, 6.0, 0.25)
 
-_DESIGN_TAG = 20230517  # mixed into every design seed; changing it changes every problem
+_DESIGN_TAG = 20230517  # mixed into every input and coefficient seed; changing it changes every problem
 _NOISE_TAG = 977
 
 
@@ -131,31 +139,43 @@ class FeatureMap:
         raise KeyError(self.experiment)
 
 
-def design_seed(experiment: str, complexity: float) -> int:
-    """The fixed seed of the training inputs and γ of one (experiment, complexity)."""
+def inputs_seed(experiment: str, complexity: float) -> int:
+    """The fixed seed of the training inputs of one (experiment, complexity)."""
     return int(np.random.SeedSequence([_DESIGN_TAG, EXPERIMENTS.index(experiment), int(round(1000 * complexity))])
                .generate_state(1)[0])
 
 
-def design(experiment: str, complexity: float, n_train: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(train_x (N × d), γ (p)) in float64, fixed by the design seed; the same for every repetition.
+def coefficients_seed(experiment: str) -> int:
+    """The fixed seed of γ, one per experiment: it does not depend on the complexity."""
+    return int(np.random.SeedSequence([_DESIGN_TAG, EXPERIMENTS.index(experiment)]).generate_state(1)[0])
 
-    The training inputs are drawn before γ from the same stream, and γ's draw does not depend on N.
-    """
-    n = default_n_train(experiment, complexity) if not n_train else int(n_train)
-    d, p = input_dim(experiment, complexity), n_features(experiment, complexity)
-    low, high = TRAIN_BOX[experiment]
-    x_rng = np.random.default_rng([design_seed(experiment, complexity), 0])
-    gamma_rng = np.random.default_rng([design_seed(experiment, complexity), 1])
-    train_x = x_rng.uniform(low, high, size=(n, d))
-    gamma = gamma_rng.standard_normal(p)
+
+def coefficients(experiment: str, complexity: float) -> np.ndarray:
+    """γ (p), float64: one draw per experiment, shared by every complexity level (see the module docstring)."""
+    rng = np.random.default_rng(coefficients_seed(experiment))
+    if experiment == "e2":
+        d = _dimension(complexity)
+        intercept = rng.standard_normal()
+        # row j: the draws for x_j, sin x_j, cos x_j and sin(x_j + x_{j+1})
+        per_coordinate = rng.standard_normal((E2_MAX_DIMENSION, 4))
+        linear, sine, cosine, pair = per_coordinate[:d].T
+        return np.concatenate([[intercept], np.concatenate([linear, sine, cosine, pair[: d - 1]]) / np.sqrt(d)])
+    gamma = rng.standard_normal(n_features(experiment, complexity))
     if experiment == "e1":
         gamma[1] *= 0.3
     elif experiment == "e3":
         gamma[1:3] *= 0.3
-    elif experiment == "e2":
-        gamma[1:] /= np.sqrt(d)
-    return train_x, gamma
+    return gamma
+
+
+def design(experiment: str, complexity: float, n_train: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(train_x (N × d), γ (p)) in float64, the same for every repetition: the training inputs from the
+    level's input seed, γ from the experiment's coefficient seed (:func:`coefficients`)."""
+    n = default_n_train(experiment, complexity) if not n_train else int(n_train)
+    low, high = TRAIN_BOX[experiment]
+    x_rng = np.random.default_rng([inputs_seed(experiment, complexity), 0])
+    train_x = x_rng.uniform(low, high, size=(n, input_dim(experiment, complexity)))
+    return train_x, coefficients(experiment, complexity)
 
 
 def eval_inputs(experiment: str, complexity: float) -> np.ndarray:

@@ -383,6 +383,7 @@ DATASETS = tuple(
         load=partial(_load, c),
         ood_sets=c.ood_sets,
         check=partial(_check, c),
+        decision_task=c.fraction is not None,
     )
     for c in _CONFIGS
 )

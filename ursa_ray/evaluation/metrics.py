@@ -8,15 +8,26 @@ numpy), python floats come out.  Logarithms are natural.
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import numpy as np
 from scipy.special import entr
 from sklearn.metrics import average_precision_score, roc_auc_score
 from torch import Tensor
 
-from ursa_ray.evaluation.predictive import ClassificationPredictive, RegressionPredictive
+from ursa_ray.evaluation.predictive import RegressionPredictive
 
 ArrayLike = np.ndarray | Tensor
+
+
+class ClassificationSummary(Protocol):
+    """What the classification metrics read of a posterior predictive: an accumulator
+    (:class:`~ursa_ray.evaluation.predictive.ClassificationPredictive`) or a saved prediction table
+    (:class:`~ursa_ray.evaluation.predictions.SavedPredictive`)."""
+
+    mean_probs: np.ndarray
+    total_entropy: np.ndarray
+    mutual_information: np.ndarray
 
 
 def _to_numpy(values: ArrayLike) -> np.ndarray:
@@ -26,7 +37,7 @@ def _to_numpy(values: ArrayLike) -> np.ndarray:
 
 
 def _checked(probs: ArrayLike, labels: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    p = _to_numpy(probs).astype(np.float64, copy=False)
+    p = np.ascontiguousarray(_to_numpy(probs), dtype=np.float64)  # one summation order, whatever the layout
     y = _to_numpy(labels).astype(np.int64, copy=False)
     if p.ndim != 2 or y.shape != (p.shape[0],):
         raise ValueError(f"expected probs n×K and labels (n,), got {p.shape} and {y.shape}")
@@ -137,7 +148,7 @@ def decision_cost(probs: ArrayLike, labels: ArrayLike, cost_matrix: ArrayLike) -
 
 
 def classification_metrics(
-    pred: ClassificationPredictive, labels: ArrayLike, cost_matrix: ArrayLike | None = None
+    pred: ClassificationSummary, labels: ArrayLike, cost_matrix: ArrayLike | None = None
 ) -> dict[str, float]:
     """All in-distribution metrics of a classification predictive.
 
@@ -161,26 +172,55 @@ def classification_metrics(
     return out
 
 
-def ood_metrics(in_pred: ClassificationPredictive, ood_pred: ClassificationPredictive) -> dict[str, float]:
+def ood_metrics(in_pred: ClassificationSummary, ood_pred: ClassificationSummary) -> dict[str, float]:
     """:func:`ood_detection` on two accumulated predictives (in-distribution test set, OOD set)."""
     return ood_detection(
         in_pred.total_entropy, in_pred.mutual_information, ood_pred.total_entropy, ood_pred.mutual_information
     )
 
 
-def regression_metrics(pred: RegressionPredictive, truth: ArrayLike) -> dict[str, float]:
-    """RMSE and epistemic spread of a regression predictive against the true function values t.
+def regression_metrics(
+    pred: RegressionPredictive,
+    noise_std: float,
+    *,
+    truth: ArrayLike | None = None,
+    observed: ArrayLike | None = None,
+) -> dict[str, float]:
+    """Metrics of a regression predictive; each name has one meaning on every evaluation set.
 
-    ``rmse`` = √((1/n) Σ_i (m_i − t_i)²), ``mean_std`` = (1/n) Σ_i s_i and
-    ``coverage_95`` = (1/n) Σ_i 1[|m_i − t_i| ≤ 1.96 s_i], with m = ``pred.mean`` and s = ``pred.std``.
+    With m = ``pred.mean``, s = ``pred.std`` (the epistemic spread across posterior samples, S − 1
+    divisor) and σ = ``noise_std`` (the known observation noise):
+
+    * ``mean_std`` = (1/n) Σ_i s_i, always;
+    * against the noise-free truth t (``truth``; a synthetic set's test targets), the epistemic metrics:
+      ``rmse_truth`` = √((1/n) Σ_i (m_i − t_i)²) and
+      ``coverage_95_epistemic`` = (1/n) Σ_i 1[|m_i − t_i| ≤ 1.96 s_i];
+    * against noisy observations y = t + ε (``observed``; the validation split), the predictive metrics
+      under N(m_i, v_i) with v_i = s_i² + σ²: ``rmse`` = √((1/n) Σ_i (y_i − m_i)²),
+      ``nll`` = (1/n) Σ_i [½ log(2π v_i) + (y_i − m_i)² / (2 v_i)] and
+      ``coverage_95_predictive`` = (1/n) Σ_i 1[|y_i − m_i| ≤ 1.96 √v_i].
+
+    A set gets the metrics of the targets it has: give ``truth``, ``observed`` or both.
     """
-    t = _to_numpy(truth).astype(np.float64, copy=False).reshape(-1)
+    if truth is None and observed is None:
+        raise ValueError("give the noise-free truth, the noisy observed targets, or both")
     mean, std = pred.mean, pred.std
-    if t.shape != mean.shape:
-        raise ValueError(f"expected truth with {mean.shape[0]} values, got {t.shape[0]}")
-    error = np.abs(mean - t)
-    return {
-        "rmse": float(np.sqrt(np.mean(error**2))),
-        "mean_std": float(np.mean(std)),
-        "coverage_95": float(np.mean(error <= 1.96 * std)),
-    }
+
+    def targets(values: ArrayLike, what: str) -> np.ndarray:
+        array = _to_numpy(values).astype(np.float64, copy=False).reshape(-1)
+        if array.shape != mean.shape:
+            raise ValueError(f"expected {what} with {mean.shape[0]} values, got {array.shape[0]}")
+        return array
+
+    out = {"mean_std": float(np.mean(std))}
+    if truth is not None:
+        error = np.abs(mean - targets(truth, "truth"))
+        out["rmse_truth"] = float(np.sqrt(np.mean(error**2)))
+        out["coverage_95_epistemic"] = float(np.mean(error <= 1.96 * std))
+    if observed is not None:
+        error = np.abs(targets(observed, "observed targets") - mean)
+        var = std**2 + float(noise_std) ** 2
+        out["rmse"] = float(np.sqrt(np.mean(error**2)))
+        out["nll"] = float(np.mean(0.5 * np.log(2 * np.pi * var) + 0.5 * error**2 / var))
+        out["coverage_95_predictive"] = float(np.mean(error <= 1.96 * np.sqrt(var)))
+    return out

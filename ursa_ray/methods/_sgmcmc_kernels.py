@@ -143,6 +143,18 @@ class GaussianNoise:
             momentum_step_(theta, velocity, grad, 1.0, lr, decay)
 
 
+def warm_up_kernels(device: torch.device) -> None:
+    """Compile (or load) every kernel :class:`GaussianNoise` and :func:`momentum_step_` use on ``device``,
+    on a small vector, so that a fresh worker does not charge the compilation to its first timed trial."""
+    theta = torch.zeros(64, device=device)
+    velocity, grad = torch.zeros_like(theta), torch.zeros_like(theta)
+    noise = GaussianNoise(theta, torch.Generator().manual_seed(0))
+    noise.add_to_(theta, 0.1)
+    noise.add_to_(theta, 0.1, grad=grad, lr=0.1)
+    noise.momentum_step_(theta, velocity, grad, 0.1, 0.9, 0.1, 0.0)
+    momentum_step_(theta, velocity, grad, 0.9, 0.1, 0.0)
+
+
 def momentum_step_(theta: Tensor, velocity: Tensor, grad: Tensor, keep: float, lr: float, decay: float) -> None:
     """In place: velocity ← keep·velocity − lr·grad − decay·theta, then theta ← theta + velocity; one pass
     on the CPU, three torch operations on other devices."""

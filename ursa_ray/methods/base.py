@@ -121,7 +121,12 @@ class Problem:
 
 @dataclass(frozen=True)
 class Hyperparameter:
-    """One named setting of a method, with its type, default and allowed range (inclusive)."""
+    """One named setting of a method, with its type, default and allowed range (inclusive).
+
+    ``formerly`` lists names this setting had before a rename.  For one release a grid that still uses
+    one of them is rejected by validation with a hint to use ``name`` (never silently mapped: a renamed
+    setting usually changed its meaning, or its name hid what it does).
+    """
 
     name: str
     kind: type
@@ -130,6 +135,7 @@ class Hyperparameter:
     low: float | None = None
     high: float | None = None
     choices: tuple[Any, ...] | None = None
+    formerly: tuple[str, ...] = ()
 
     def check(self, value: Any) -> Any:
         """Return ``value`` coerced to ``kind`` or raise ValueError naming what is allowed."""
@@ -167,7 +173,8 @@ class Hyperparameter:
             bounds = f" one of {list(self.choices)}"
         elif self.low is not None or self.high is not None:
             bounds = f" in [{self.low if self.low is not None else '-inf'}, {self.high if self.high is not None else 'inf'}]"
-        return f"{self.name} ({self.kind.__name__}{bounds}, default {self.default!r}): {self.doc}"
+        renamed = f" (formerly {', '.join(self.formerly)})" if self.formerly else ""
+        return f"{self.name} ({self.kind.__name__}{bounds}, default {self.default!r}): {self.doc}{renamed}"
 
 
 class Method(Protocol):
@@ -182,6 +189,9 @@ class Method(Protocol):
     ) -> Iterator[Predictor]:
         """Yield ``config['n_samples']`` (or the method's own count) posterior samples as predictors."""
         ...
+
+    # Optional: ``warm_up(device)`` pays the method's one-off costs in a fresh worker (compiling kernels)
+    # before any timed trial; :func:`ursa_ray.trial.warm_up_worker` calls it once per worker process.
 
 
 BUDGET_KEYS = ("epochs", "n_samples", "batch_size")

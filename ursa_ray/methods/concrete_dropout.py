@@ -124,7 +124,11 @@ class ConcreteDropoutMethod:
     description = "concrete dropout: MC dropout with per-layer rates learned through the concrete relaxation"
     hyperparameters = ADAM_HYPERPARAMETERS + (
         Hyperparameter("init_p", float, 0.1, "initial dropout rate of every layer", low=1e-4, high=0.9),
-        Hyperparameter("temperature", float, 0.1, "temperature t of the concrete relaxation", low=1e-3),
+        Hyperparameter(
+            "relaxation_temperature", float, 0.1,
+            "t of the concrete (relaxed Bernoulli) relaxation of the dropout masks; tempers no posterior",
+            low=1e-3, formerly=("temperature",),
+        ),
         Hyperparameter("length_scale", float, 1.0, "prior length-scale l: weights ~ N(0, 1/l²)", low=0.0),
         Hyperparameter("n_samples", int, 50, "stochastic forward passes", low=1),
     )
@@ -133,7 +137,7 @@ class ConcreteDropoutMethod:
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
     ) -> Iterator[Predictor]:
         model = problem.make_model()
-        pairs = install_concrete_dropout(model, config["init_p"], config["temperature"])
+        pairs = install_concrete_dropout(model, config["init_p"], config["relaxation_temperature"])
         model.to(problem.device)
         # A first pass fixes the K of any dropout slot that is not in front of a known weight layer.
         with torch.no_grad():

@@ -53,6 +53,7 @@ from ursa_ray.methods._sgmcmc_kernels import (
     cyclical_lr,
     langevin_noise_std,
     momentum_step_,
+    warm_up_kernels,
 )
 from ursa_ray.methods.base import Hyperparameter, Predictor, Problem
 
@@ -64,7 +65,12 @@ def _common(lr: float, prior_std: float) -> tuple[Hyperparameter, ...]:
         ),
         Hyperparameter("prior_std", float, prior_std, "std of the Gaussian prior N(0, prior_std² I)", low=1e-6),
         Hyperparameter(
-            "temperature", float, 1.0, "posterior temperature T (1 = Bayes posterior, 0 = no noise)", low=0.0
+            "temperature",
+            float,
+            1.0,
+            "posterior temperature T: target ∝ exp(−U/T), the whole posterior (prior included) tempered; "
+            "1 = Bayes posterior, 0 = no noise",
+            low=0.0,
         ),
         Hyperparameter("batch_size", int, 128, "mini-batch size", low=1),
     )
@@ -123,6 +129,10 @@ class _SGMCMC:
         self.hyperparameters = hyperparameters
         self.momentum = momentum
         self.cyclical = cyclical
+
+    def warm_up(self, device: torch.device) -> None:
+        """Compile the noise and momentum kernels on ``device`` (see :class:`~ursa_ray.methods.base.Method`)."""
+        warm_up_kernels(device)
 
     def plan(
         self, n_train: int, config: Mapping[str, Any]

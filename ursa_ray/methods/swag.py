@@ -11,16 +11,17 @@ iterates we keep
 - the deviation matrix D (K × P, K = ``rank``): the deviations θ_i − θ̄_i of the last K iterates from the
   running mean at the time they were collected (a ring buffer; nothing else is stored per iterate).
 
-SWAG draws (a fresh draw per sample; nothing is kept per draw)::
+SWAG draws θ ~ N(θ̄, scale · Σ) (a fresh draw per sample; nothing is kept per draw), with Maddox et al.'s
+covariance Σ = ½(Σ_diag + Σ_low-rank), Σ_diag = diag σ², Σ_low-rank = DᵀD/(K' − 1)::
 
-    θ = θ̄ + √scale · ( σ ⊙ z₁ + Dᵀ z₂ / √(K' − 1) ),   z₁ ~ N(0, I_P), z₂ ~ N(0, I_K')
-    σ² = clamp(θ²̄ − θ̄², min = min_var),              K' = number of stored deviations
+    θ = θ̄ + √(scale/2) · ( σ ⊙ z₁ + Dᵀ z₂ / √(K' − 1) ),   z₁ ~ N(0, I_P), z₂ ~ N(0, I_K')
+    σ² = clamp(θ²̄ − θ̄², min = min_var),                  K' = number of stored deviations
 
-so θ ~ N(θ̄, scale · (diag σ² + DᵀD/(K' − 1))).  With ``scale = 0.5`` (the default, as in Maddox et al.)
-this is θ̄ + (1/√2) σ ⊙ z₁ + Dᵀ z₂ / √(2(K' − 1)), the paper's Σ = ½(Σ_diag + Σ_low-rank).  Maddox et al.
-divide by the buffer size K even before it is full; we divide by the number actually stored.  With
-fewer than two stored deviations (``rank`` < 2, or a single iterate) the low-rank term is dropped
-(diagonal SWAG).
+With fewer than two stored deviations (``rank`` < 2, or a single iterate) there is no low-rank estimate
+and SWAG is SWAG-diagonal, Σ = Σ_diag: θ = θ̄ + √scale · σ ⊙ z₁ (the ½ averages two estimates of the
+covariance; with one it would halve the variance).  ``scale`` = 1 (the default) is the paper's
+posterior; other values scale its covariance.  Maddox et al. divide by the buffer size K even before it
+is full; we divide by the number actually stored.
 
 Networks with batch normalisation get their running statistics recomputed for each draw (and for the SWA
 mean), one forward pass over the training inputs in fixed order without augmentation
@@ -145,24 +146,35 @@ class SWAGMoments:
             return rows - self.mean.to(rows.dtype)
         return rows
 
-    def covariance_diagonal(self, scale: float = 0.5, min_var: float = 1e-30) -> Tensor:
-        """diag of the SWAG covariance scale · (diag σ² + DᵀD/(K'−1)), float64."""
+    @property
+    def has_low_rank(self) -> bool:
+        """Whether Σ_low-rank = DᵀD/(K'−1) exists: running deviations (SWAG), at least two stored."""
+        return self.centre == "running" and self.n_stored >= 2
+
+    def _estimate_weight(self) -> float:
+        """½ when Σ = ½(Σ_diag + Σ_low-rank), 1 for SWAG-diagonal (Σ = Σ_diag)."""
+        return 0.5 if self.has_low_rank else 1.0
+
+    def covariance_diagonal(self, scale: float = 1.0, min_var: float = 1e-30) -> Tensor:
+        """diag of the SWAG covariance scale · Σ (Σ = ½(diag σ² + DᵀD/(K'−1)), or diag σ² without a
+        low-rank part), float64."""
         diag = self.variance(min_var)
-        if self.centre == "running" and self.n_stored >= 2:
+        if self.has_low_rank:
             d = self.deviation_matrix().to(torch.float64)
             diag = diag + (d**2).sum(0) / (self.n_stored - 1)
-        return scale * diag
+        return scale * self._estimate_weight() * diag
 
-    def covariance(self, scale: float = 0.5, min_var: float = 1e-30) -> Tensor:
-        """The full P × P SWAG covariance (for tests on small P only)."""
+    def covariance(self, scale: float = 1.0, min_var: float = 1e-30) -> Tensor:
+        """The full P × P SWAG covariance scale · Σ (for tests on small P only)."""
         cov = torch.diag(self.variance(min_var))
-        if self.centre == "running" and self.n_stored >= 2:
+        if self.has_low_rank:
             d = self.deviation_matrix().to(torch.float64)
             cov = cov + d.T @ d / (self.n_stored - 1)
-        return scale * cov
+        return scale * self._estimate_weight() * cov
 
-    def sample(self, generator: torch.Generator, scale: float = 0.5, min_var: float = 1e-30) -> Tensor:
-        """One SWAG draw θ̄ + √scale (σ ⊙ z₁ + Dᵀz₂/√(K'−1)), in the buffer's dtype on the moments' device.
+    def sample(self, generator: torch.Generator, scale: float = 1.0, min_var: float = 1e-30) -> Tensor:
+        """One draw from N(θ̄, scale · Σ), in the buffer's dtype on the moments' device:
+        θ̄ + √(scale/2) (σ ⊙ z₁ + Dᵀz₂/√(K'−1)), or θ̄ + √scale · σ ⊙ z₁ without a low-rank part.
 
         The normal variates come from ``generator`` (on its own device) and are moved over.
         """
@@ -171,12 +183,12 @@ class SWAGMoments:
         gdev = generator.device
         z1 = torch.randn(self.n_params, generator=generator, dtype=torch.float64, device=gdev)
         noise = self.variance(min_var).sqrt() * z1.to(self.mean.device)
-        if self.centre == "running" and self.n_stored >= 2:
+        if self.has_low_rank:
             z2 = torch.randn(self.n_stored, generator=generator, dtype=torch.float64, device=gdev)
             d = self.deviation_matrix()
             low_rank = z2.to(device=d.device, dtype=d.dtype) @ d
             noise += low_rank.to(torch.float64) / math.sqrt(self.n_stored - 1)
-        return (self.mean + math.sqrt(scale) * noise).to(self._buffer.dtype)
+        return (self.mean + math.sqrt(scale * self._estimate_weight()) * noise).to(self._buffer.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -263,8 +275,9 @@ def fit_swa(
 class SWAG:
     name = "swag"
     description = (
-        "SWAG: SGD burn-in, constant-rate SGD iterates → Gaussian N(θ̄, scale·(diag σ² + DᵀD/(K−1))), "
-        "one fresh draw per sample, batch norm refreshed per draw"
+        "SWAG: SGD burn-in, constant-rate SGD iterates → Gaussian N(θ̄, scale·½(diag σ² + DᵀD/(K−1))), "
+        "SWAG-diagonal N(θ̄, scale·diag σ²) when rank < 2; one fresh draw per sample, batch norm refreshed "
+        "per draw"
     )
     hyperparameters = (
         SGD_HYPERPARAMETERS
@@ -272,7 +285,12 @@ class SWAG:
         + (
             RANK,
             Hyperparameter(
-                "scale", float, 0.5, "covariance scale; 0.5 is Maddox et al.'s ½(Σ_diag + Σ_low-rank)", low=0.0
+                "scale",
+                float,
+                1.0,
+                "multiplier of the SWAG covariance Σ = ½(Σ_diag + Σ_low-rank), or Σ = Σ_diag (SWAG-diagonal) "
+                "when rank < 2; 1 is Maddox et al.'s posterior",
+                low=0.0,
             ),
             Hyperparameter("min_var", float, 1e-30, "floor of the diagonal variance θ²̄ − θ̄²", low=0.0),
             Hyperparameter("n_samples", int, 30, "SWAG draws", low=1),

@@ -1,9 +1,11 @@
 """Rows of ``points.parquet``: one per (trial, test point) of a regression trial.
 
-Columns (the contract the analysis relies on): trial_id, method (the grid label), experiment (dataset
-name), complexity (float), repetition (int, the trial seed), point_id (int, index into the test set),
-x (list of floats), in_distribution (bool), truth (noise-free G(x*)ᵀγ), mean, std (the predictive mean
-and epistemic standard deviation).  The anchor's rows carry method = ``"blr"``.
+Columns (the contract the analysis relies on): trial_id, method (the grid label), model (the model's
+name), experiment (dataset name), complexity (float), repetition (int, the trial seed), point_id (int,
+index into the test set), x (list of floats), in_distribution (bool), truth (noise-free G(x*)ᵀγ), mean,
+std (the predictive mean and the epistemic standard deviation across posterior samples, S − 1 divisor).
+The anchor's rows carry method ``"blr"`` and model ``"true_features"`` (it is linear in the true
+features), whichever trial wrote them.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from ursa_ray.regression.anchor import anchor_for_dataset
 from ursa_ray.results import POINT_COLUMNS
 
 ANCHOR_METHOD = "blr"
+ANCHOR_MODEL = "true_features"
 
 
-def points_frame(dataset, mean, std, *, method: str, complexity: float, repetition: int, trial_id: str) -> pd.DataFrame:
+def points_frame(
+    dataset, mean, std, *, method: str, model: str, complexity: float, repetition: int, trial_id: str
+) -> pd.DataFrame:
     """The rows of one trial: ``mean`` and ``std`` (length M) at ``dataset.test_x``."""
     mean = np.asarray(mean, dtype=np.float64).reshape(-1)
     std = np.asarray(std, dtype=np.float64).reshape(-1)
@@ -29,6 +34,7 @@ def points_frame(dataset, mean, std, *, method: str, complexity: float, repetiti
     return pd.DataFrame({
         "trial_id": trial_id,
         "method": method,
+        "model": model,
         "experiment": dataset.name,
         "complexity": float(complexity),
         "repetition": int(repetition),
@@ -44,5 +50,5 @@ def points_frame(dataset, mean, std, *, method: str, complexity: float, repetiti
 def anchor_points(dataset, *, complexity: float, repetition: int, trial_id: str) -> pd.DataFrame:
     """The anchor's (``blr``) rows for one repetition of one (experiment, complexity)."""
     mean, std = anchor_for_dataset(dataset)
-    return points_frame(dataset, mean, std, method=ANCHOR_METHOD, complexity=complexity,
+    return points_frame(dataset, mean, std, method=ANCHOR_METHOD, model=ANCHOR_MODEL, complexity=complexity,
                         repetition=repetition, trial_id=trial_id)

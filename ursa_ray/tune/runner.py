@@ -187,6 +187,7 @@ class ResultsCallback(tune.Callback):
             "model": spec["model"],
             "dataset": spec["dataset"],
             "task": spec["task"],
+            "decision_task": spec["decision_task"],
             "complexity": math.nan if spec["complexity"] is None else float(spec["complexity"]),
             "seed": spec["seed"],
             "status": status,
@@ -241,7 +242,7 @@ def _progress_line(done: int, total: int, spec: dict[str, Any], status: str, row
     where = _where(spec)
     if status == "failed":
         return f"[{done}/{total}] FAILED {spec['phase']:6s} {where}: {row['error']}"
-    wanted = {("test", "accuracy"), ("test", "nll"), ("test", "rmse"), ("test", "coverage_95"), ("validation", "nll")}
+    wanted = {("test", "accuracy"), ("test", "nll"), ("test", "rmse_truth"), ("test", "coverage_95_epistemic"), ("validation", "nll")}
     shown = " ".join(
         f"{'val_' if m['eval_set'] == 'validation' else ''}{m['metric']}={m['value']:.3f}"
         for m in metrics

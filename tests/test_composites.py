@@ -1,0 +1,104 @@
+"""Composite scores and the per-principle rank summary on a hand-made metrics table.
+
+Two methods, one model, the in-domain set ``digits`` (OOD sets ``noise`` and ``inv``) and the decision-task
+set ``digits_imbalanced``, which also has an OOD set and a cost per sample: values on it that leaked into
+an in-domain composite would change the expected numbers below."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analysis.composites import composite_coverage, composite_scores
+
+# (method, dataset, seed, eval_set, metric): value
+VALUES = {}
+for method, seeds in (("a", (0, 1)), ("b", (0, 1))):
+    for seed in seeds:
+        VALUES.update({
+            (method, "digits", seed, "test", "accuracy"): {"a": (0.90, 0.92), "b": (0.85, 0.87)}[method][seed],
+            (method, "digits", seed, "test", "nll"): {"a": (0.30, 0.32), "b": (0.25, 0.27)}[method][seed],
+            (method, "digits", seed, "test", "misclass_auroc_entropy"): {"a": 0.80, "b": 0.70}[method],
+            (method, "digits", seed, "noise", "ood_auroc_mi"): {"a": 0.90, "b": 0.50}[method],
+            (method, "digits", seed, "inv", "ood_auroc_mi"): {"a": 0.60, "b": 0.50}[method],
+            (method, "digits", seed, "noise", "ood_auroc_entropy"): {"a": 0.80, "b": 0.70}[method],
+            (method, "digits", seed, "inv", "ood_auroc_entropy"): {"a": 0.60, "b": 0.65}[method],
+            (method, "digits", seed, "cost", "s_per_sample"): {"a": 0.1, "b": 0.2}[method],
+            # the balanced set reports a decision cost too (same cost matrix); it enters no composite
+            (method, "digits", seed, "test", "decision_cost"): {"a": 0.0, "b": 9.0}[method],
+        })
+        if (method, seed) == ("b", 1):
+            continue  # b's seed-1 trial on the decision task failed: no metric rows
+        VALUES.update({
+            (method, "digits_imbalanced", seed, "test", "accuracy"): 0.5,
+            (method, "digits_imbalanced", seed, "test", "nll"): {"a": 9.0, "b": 0.01}[method],
+            (method, "digits_imbalanced", seed, "test", "misclass_auroc_entropy"): {"a": 0.1, "b": 0.99}[method],
+            (method, "digits_imbalanced", seed, "test", "decision_cost"): {"a": (2.0, 2.2), "b": (1.0,)}[method][seed],
+            (method, "digits_imbalanced", seed, "noise", "ood_auroc_mi"): {"a": 0.1, "b": 0.99}[method],
+            (method, "digits_imbalanced", seed, "noise", "ood_auroc_entropy"): {"a": 0.0, "b": 1.0}[method],
+            (method, "digits_imbalanced", seed, "cost", "s_per_sample"): 10.0,
+        })
+
+
+def _tables() -> tuple[pd.DataFrame, pd.DataFrame]:
+    metrics = pd.DataFrame(
+        [
+            {"trial_id": f"{m}-{d}-{s}", "phase": "final", "method": m, "model": "mlp", "dataset": d, "seed": s,
+             "eval_set": e, "metric": k, "value": v}
+            for (m, d, s, e, k), v in VALUES.items()
+        ]
+    )
+    trials = pd.DataFrame(
+        [
+            {"trial_id": f"{m}-{d}-{s}", "phase": "final", "method": m, "model": "mlp", "dataset": d, "seed": s,
+             "task": "classification", "decision_task": d == "digits_imbalanced",
+             "status": "failed" if (m, d, s) == ("b", "digits_imbalanced", 1) else "ok"}
+            for m in "ab" for d in ("digits", "digits_imbalanced") for s in (0, 1)
+        ]
+        + [  # a search trial and a regression trial never count
+            {"trial_id": "search-x", "phase": "search", "method": "a", "model": "mlp", "dataset": "digits", "seed": 0,
+             "task": "classification", "decision_task": False, "status": "ok"},
+        ]
+    )
+    search_rows = metrics[metrics["trial_id"] == "a-digits-0"].assign(trial_id="search-x", phase="search", value=0.0)
+    return pd.concat([metrics, search_rows], ignore_index=True), trials
+
+
+def test_composites_and_principle_ranks_equal_hand_computed_values():
+    scores = composite_scores(*_tables())
+    expected = pd.DataFrame(
+        {
+            "accuracy": {"a": 0.91, "b": 0.86},
+            "nll": {"a": 0.31, "b": 0.26},
+            "misclass_auroc": {"a": 0.80, "b": 0.70},
+            "ood_auroc": {"a": 0.75, "b": 0.50},  # mutual information, in-domain (dataset, OOD set) pairs
+            "ood_auroc_entropy": {"a": 0.70, "b": 0.675},
+            "decision_cost": {"a": 2.1, "b": 1.0},  # decision-task cells only
+            "s_per_sample": {"a": 0.1, "b": 0.2},
+            # accuracy: a 1, b 2; uncertainty: nll (a 2, b 1) and misclass (a 1, b 2); ood: a 1, b 2 on
+            # both OOD sets; decision: a 2, b 1.  mean_rank = mean of the four principle ranks.
+            "rank_accuracy": {"a": 1.0, "b": 2.0},
+            "rank_uncertainty": {"a": 1.5, "b": 1.5},
+            "rank_ood": {"a": 1.0, "b": 2.0},
+            "rank_decision": {"a": 2.0, "b": 1.0},
+            "mean_rank": {"a": 1.375, "b": 1.625},
+        }
+    )
+    for column in expected:
+        assert scores[column].to_dict() == pytest.approx(expected[column].to_dict(), abs=1e-12), column
+    assert list(scores.index) == ["a", "b"]
+
+
+def test_cells_count_decision_task_and_failed_seed_cells():
+    scores = composite_scores(*_tables())
+    assert scores["cells"].to_dict() == {"a": 2, "b": 2}
+    assert scores["planned_cells"].to_dict() == {"a": 2, "b": 2}
+    assert scores["complete"].to_dict() == {"a": True, "b": False}  # b lost one seed of the decision task
+
+
+def test_coverage_names_the_cells_of_each_composite():
+    coverage = composite_coverage(*_tables()).set_index("composite")
+    assert coverage.loc["accuracy", "cells"] == "mlp/digits"
+    assert coverage.loc["ood_auroc", "cells"] == "mlp/digits vs inv, mlp/digits vs noise"
+    assert coverage.loc["decision_cost", "cells"] == "mlp/digits_imbalanced"
+    assert coverage.loc["s_per_sample", "cells"] == "mlp/digits"

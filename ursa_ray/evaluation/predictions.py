@@ -1,0 +1,56 @@
+"""Saved predictions: the table a classification trial writes for each evaluation set, and every
+classification metric recomputed from those tables alone.
+
+A table holds, per example: ``index``, ``label`` (−1 on OOD sets), the posterior-predictive class
+probabilities ``p0 … p{K−1}`` and the three uncertainties the metrics use (``total_entropy`` H[p̄],
+``expected_entropy`` (1/S) Σₛ H[pₛ] and ``mutual_information``), plus ``n_samples``.  The metrics read
+exactly these float64 columns, so :func:`metrics_from_predictions` reproduces every reported
+classification metric to the last bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from ursa_ray.evaluation.metrics import classification_metrics, ood_metrics
+from ursa_ray.evaluation.predictive import ClassificationPredictive
+
+
+def prediction_table(pred: ClassificationPredictive, labels: np.ndarray | None) -> pd.DataFrame:
+    """The saved form of an accumulated predictive (``labels`` None for an OOD set)."""
+    probs = pred.mean_probs
+    table = pd.DataFrame(probs, columns=[f"p{k}" for k in range(probs.shape[1])])
+    table.insert(0, "label", -1 if labels is None else np.asarray(labels))
+    table.insert(0, "index", np.arange(len(table)))
+    table["total_entropy"] = pred.total_entropy
+    table["expected_entropy"] = pred.expected_entropy
+    table["mutual_information"] = pred.mutual_information
+    table["n_samples"] = pred.n_samples
+    return table
+
+
+class SavedPredictive:
+    """A prediction table read back, with the attributes the metrics read from an accumulator."""
+
+    def __init__(self, table: pd.DataFrame) -> None:
+        classes = [c for c in table.columns if c.startswith("p") and c[1:].isdigit()]
+        self.mean_probs = table[sorted(classes, key=lambda c: int(c[1:]))].to_numpy(np.float64)
+        self.total_entropy = table["total_entropy"].to_numpy(np.float64)
+        self.expected_entropy = table["expected_entropy"].to_numpy(np.float64)
+        self.mutual_information = table["mutual_information"].to_numpy(np.float64)
+        self.labels = table["label"].to_numpy(np.int64)
+        self.n_samples = int(table["n_samples"].iloc[0])
+
+
+def metrics_from_predictions(
+    test: pd.DataFrame, ood: Mapping[str, pd.DataFrame] | None = None, cost_matrix: np.ndarray | None = None
+) -> dict[str, dict[str, float]]:
+    """Every classification metric of one trial from its saved tables: ``{"test": {...}, ood_set: {...}}``."""
+    in_domain = SavedPredictive(test)
+    out = {"test": classification_metrics(in_domain, in_domain.labels, cost_matrix)}
+    for name, table in (ood or {}).items():
+        out[name] = ood_metrics(in_domain, SavedPredictive(table))
+    return out
