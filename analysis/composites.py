@@ -18,7 +18,15 @@ averages those cell means with equal weight:
   information everywhere, so all its scores tie and its ``ood_auroc`` is exactly 0.5;
 - ``ood_auroc_entropy``: the same scored by total predictive entropy (reported, not ranked);
 - ``decision_cost``: mean cost per test example of the Bayes decision over decision-task cells (lower);
-- ``s_per_sample``: training seconds per posterior sample over in-domain cells (lower; not ranked).
+- ``s_per_sample``: training seconds per posterior sample over in-domain cells (lower; not ranked);
+- ``adv_accuracy``: accuracy under white-box PGD at the dataset family's reference ε (MNIST 0.1, CIFAR
+  8/255, digits 1/16; the ``adv:pgd_eps…`` set whose ``reference`` metric is 1), in-domain cells;
+- ``corrupt_accuracy``, ``corrupt_ece``: accuracy and ECE on the common-corruption sets
+  (``corrupt:TYPE:SEVERITY``: the test set under each corruption type and severity), the mean over
+  in-domain cells, types and severities; ``corrupt_accuracy_s3``, ``corrupt_ece_s3`` the same at severity 3
+  (reported, not ranked);
+- ``flops_per_prediction``: FLOPs of one prediction, all test-time samples (lower), in-domain cells;
+- ``storage_bytes``: bytes of the stored posterior at 32 bits per weight (lower), in-domain cells.
 
 Rank summary.  For each principle P and each of its metrics m, the methods are ranked within every cell
 (or (cell, OOD set) pair) of m: 1 = best, ties share the mean rank.  ``rank_P`` is a method's mean over
@@ -27,8 +35,9 @@ all its (cell, m) ranks of P, and ``mean_rank`` is the equal-weight mean of the 
     rank_P(method) = mean over m in P, c in cells(m) of rank_{c,m}(method)
     mean_rank(method) = mean over principles P with results of rank_P(method)
 
-The principles: ``accuracy`` (accuracy), ``uncertainty`` (nll, misclass_auroc), ``ood`` (ood_auroc) and
-``decision`` (decision_cost).
+The principles: ``accuracy`` (accuracy), ``uncertainty`` (nll, misclass_auroc), ``ood`` (ood_auroc),
+``decision`` (decision_cost), ``robustness`` (adv_accuracy, corrupt_accuracy, corrupt_ece) and ``test_time`` (flops_per_prediction, storage_bytes: URSABench's test-time
+scalability).
 
 Cells a method lacks (failed, or not run) are left out of its averages, never filled in.  ``cells``
 counts the cells (in-domain and decision-task) where the method has at least one successful seed,
@@ -52,6 +61,13 @@ COMPOSITES = {
     "ood_auroc_entropy": ("ood", "ood_auroc_entropy", True),
     "decision_cost": ("test", "decision_cost", False),
     "s_per_sample": ("cost", "s_per_sample", False),
+    "adv_accuracy": ("adv_reference", "accuracy", True),
+    "corrupt_accuracy": ("corrupt", "accuracy", True),
+    "corrupt_ece": ("corrupt", "ece", False),
+    "corrupt_accuracy_s3": ("corrupt:3", "accuracy", True),
+    "corrupt_ece_s3": ("corrupt:3", "ece", False),
+    "flops_per_prediction": ("cost", "flops_per_prediction", False),
+    "storage_bytes": ("cost", "storage_bytes_32", False),
 }
 PRINCIPLES = {
     # principle: the composites ranked under it
@@ -59,9 +75,18 @@ PRINCIPLES = {
     "uncertainty": ("nll", "misclass_auroc"),
     "ood": ("ood_auroc",),
     "decision": ("decision_cost",),
+    "robustness": ("adv_accuracy", "corrupt_accuracy", "corrupt_ece"),
+    "test_time": ("flops_per_prediction", "storage_bytes"),
 }
 NOT_OOD_SETS = ("test", "validation", "cost")
 CELL_KEYS = ["model", "dataset", "eval_set"]
+
+
+def is_ood_set(eval_set: str) -> bool:
+    """An OOD set at full precision: not the test, validation or cost set, not a ``SET@SCHEME`` copy (the same
+    set evaluated at a lower bit depth), not a ``corrupt:TYPE:SEVERITY`` set (the test set corrupted) and not
+    an ``adv:SET`` set (adversarial examples)."""
+    return eval_set not in NOT_OOD_SETS and "@" not in eval_set and not eval_set.startswith(("corrupt:", "adv:"))
 
 
 def final_metrics(metrics: pd.DataFrame, trials: pd.DataFrame, task: str | None = "classification") -> pd.DataFrame:
@@ -92,7 +117,14 @@ def cell_means(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
         if kind == "test":
             rows = rows[rows["eval_set"] == "test"]
         elif kind == "ood":
-            rows = rows[~rows["eval_set"].isin(NOT_OOD_SETS)]
+            rows = rows[rows["eval_set"].map(is_ood_set)]
+        elif kind == "adv_reference":  # the PGD set at the dataset family's reference ε, flagged by the trial
+            flagged = final.loc[(final["metric"] == "reference") & (final["value"] == 1.0), ["trial_id", "eval_set"]]
+            rows = rows.merge(flagged, on=["trial_id", "eval_set"])
+        elif kind == "corrupt":
+            rows = rows[rows["eval_set"].str.startswith("corrupt:")]
+        elif kind == "corrupt:3":
+            rows = rows[rows["eval_set"].str.startswith("corrupt:") & rows["eval_set"].str.endswith(":3")]
         else:
             rows = rows[rows["eval_set"] == kind]
         if rows.empty:
@@ -155,18 +187,27 @@ def composite_scores(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFram
 
 def composite_coverage(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """Which cells each composite averages: one row per composite, its cells as ``model/dataset`` (with
-    ``vs OOD set`` for OOD composites), so a reader sees what every number in the table stands for."""
+    ``vs OOD set`` for OOD composites, and the count of corruption sets for corruption composites), so a
+    reader sees what every number in the table stands for; ``n`` counts the averaged (cell, set) pairs."""
     cells = cell_means(metrics, trials)
     rows = []
     for name in COMPOSITES:
         these = cells[cells["composite"] == name][CELL_KEYS].drop_duplicates().sort_values(CELL_KEYS)
         if these.empty:
             continue
-        text = [
-            f"{r.model}/{r.dataset}" + ("" if r.eval_set in NOT_OOD_SETS else f" vs {r.eval_set}")
-            for r in these.itertuples()
-        ]
-        rows.append({"composite": name, "n": len(text), "cells": ", ".join(text)})
+        if COMPOSITES[name][0].startswith("corrupt"):
+            text = []
+            for (model, dataset), sets in these.groupby(["model", "dataset"])["eval_set"]:
+                parts = sets.str.split(":")
+                types, severities = sorted(set(parts.str[1])), sorted(set(parts.str[2]), key=int)
+                text.append(f"{model}/{dataset} × {len(sets)} corruption sets ({len(types)} types, severities "
+                            f"{', '.join(severities)})")
+        else:
+            text = [
+                f"{r.model}/{r.dataset}" + (f" vs {r.eval_set}" if is_ood_set(r.eval_set) else "")
+                for r in these.itertuples()
+            ]
+        rows.append({"composite": name, "n": len(these), "cells": ", ".join(text)})
     return pd.DataFrame(rows, columns=["composite", "n", "cells"])
 
 

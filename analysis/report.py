@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.composites import better_direction, composite_coverage, composite_scores, per_cell_table
+from analysis.adversarial_robustness import adversarial_table, plot_accuracy_against_epsilon
+from analysis.bit_depth import bit_depth_table
+from analysis.corruption_shift import corruption_table, corruption_values, plot_corruption_shift
+from analysis.composites import better_direction, composite_coverage, composite_scores, is_ood_set, per_cell_table
 from analysis.tables import load_results, markdown_table
 from ursa_ray.results import Location, is_uri
 
@@ -28,8 +31,11 @@ TEST_METRICS = (
 )
 COST_METRICS = (
     ("s_per_sample", "training seconds per posterior sample"),
-    ("predict_s_per_example", "prediction seconds per test example (all samples)"),
+    ("predict_s_per_example", "prediction seconds per evaluated example (test, OOD, corruption sets; all samples)"),
     ("n_params", "parameters"),
+    ("flops_per_prediction", "FLOPs per prediction (one forward pass × test-time samples)"),
+    ("storage_bytes_32", "storage of the posterior, bytes at 32 bits per weight"),
+    ("storage_bytes_8", "storage of the posterior, bytes at 8 bits per weight"),
 )
 
 
@@ -69,6 +75,7 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool)
         sections += ["", "Failed trials:", ""] + [f"- `{r.trial_id}`: {r.error}" for r in failed.itertuples()]
 
     printed = []
+    figures_extra: list[Path] = []  # figures of the classification sections
     scores = composite_scores(metrics, trials) if not metrics.empty else pd.DataFrame()
     if not scores.empty and (metrics["eval_set"] == "test").any():
         composites = composite_text(scores, composite_coverage(metrics, trials))
@@ -79,7 +86,7 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool)
             table = per_cell_table(metrics, trials, metric, "test")
             if not table.empty:
                 sections += ["", f"### {title}", "", markdown_table(table)]
-        ood_sets = sorted(set(metrics["eval_set"]) - {"test", "validation", "cost"})
+        ood_sets = sorted(s for s in set(metrics["eval_set"]) if is_ood_set(s))
         for ood in ood_sets:
             for metric in ("ood_auroc_mi", "ood_auroc_entropy"):
                 table = per_cell_table(metrics, trials, metric, ood)
@@ -89,6 +96,25 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool)
             table = per_cell_table(metrics, trials, metric, "cost", task=None)
             if not table.empty:
                 sections += ["", f"### {title}", "", markdown_table(table)]
+        robustness = adversarial_table(metrics, trials)
+        if not robustness.empty:
+            robustness_figure = plot_accuracy_against_epsilon(robustness, figures_dir / "adversarial.png")
+            figures_extra.append(robustness_figure)
+            sections += ["", "## Adversarial examples (white box, on the model average)", "",
+                         "Means over in-domain cells and seeds.", "", markdown_table(robustness), "",
+                         f"![adversarial](figures/{robustness_figure.name})"]
+        shift = corruption_values(metrics, trials)
+        if not shift.empty:
+            shift_figure = plot_corruption_shift(shift, figures_dir / "corruption_shift.png")
+            figures_extra.append(shift_figure)
+            sections += ["", "## Common corruptions", "",
+                         "Mean [inter-quartile range] over corruption types, in-domain cells.", "",
+                         markdown_table(corruption_table(shift)), "", f"![corruption_shift](figures/{shift_figure.name})"]
+        bits = bit_depth_table(metrics, trials)
+        if not bits.empty:
+            sections += ["", "## Posterior samples stored at lower bit depths", "",
+                         "Means over in-domain cells; ood_auroc by mutual information, mean over OOD sets.", "",
+                         markdown_table(bits)]
 
     figures: list[Path] = []
     if not results.points.empty:
@@ -111,7 +137,7 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool)
 
     report = "\n".join(sections) + "\n"
     if not where.is_local:  # the report's links are relative (figures/NAME), as in a local results folder
-        for figure in [*figures, *cost_figures]:
+        for figure in [*figures_extra, *figures, *cost_figures]:
             (where / "figures" / figure.name).write_bytes(figure.read_bytes())
     (where / "report.md").write_text(report)
     printed.append(f"wrote {shown / 'report.md' if isinstance(shown, Path) else where / 'report.md'}")

@@ -266,7 +266,7 @@ def test_grid_no_node_can_place_fails_at_once(cluster, tmp_path):
     grid = _write_grid(tmp_path, "third", resources={"cpu": 1, "custom": {"third_node": 1}})
     out = tmp_path / "results"
     command = [URSA_RAY] if Path(URSA_RAY).exists() else _ursa()
-    started = time.time()
+    # an unplaceable trial would wait forever: the timeout is the failure, no wall time is asserted
     run = _run(cluster, [*command, "run", str(grid), "--out", str(out), "--address", "auto"], timeout=120)
     assert run.returncode == 2, run.stdout + run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
@@ -274,7 +274,6 @@ def test_grid_no_node_can_place_fails_at_once(cluster, tmp_path):
     assert errors[0].startswith(f"error: {grid}: resources: each trial asks for third_node=1, which no node")
     assert errors[0].endswith("(nodes offer: CPU=1; CPU=1)")
     assert not out.exists()
-    assert time.time() - started < 90
 
 
 def test_killed_trial_worker_is_retried_and_results_are_complete(cluster, tmp_path):
@@ -290,8 +289,7 @@ def test_killed_trial_worker_is_retried_and_results_are_complete(cluster, tmp_pa
         deadline = time.time() + 120
         while killed is None and time.time() < deadline and process.poll() is None:
             running = _marked_pids(cluster.marker, title=b"ray::ImplicitFunc.train")
-            if running:
-                time.sleep(1.0)  # inside the trial (worker start-up, data, training)
+            if running:  # the worker is executing a trial (its process title says so): kill it there
                 os.kill(running[0], signal.SIGKILL)
                 killed = running[0]
             time.sleep(0.1)
@@ -373,7 +371,7 @@ def test_lost_node_loses_no_finished_result(cluster, tmp_path):
         deadline = time.time() + 120
         while not lost and time.time() < deadline and process.poll() is None:
             if _marked_pids(cluster.marker, title=b"ray::ImplicitFunc.train", parent=raylets[0]):
-                time.sleep(1.0)  # a trial is running on the second node: the node goes away
+                # a trial is executing on the second node (its worker's process title says so): the node goes away
                 node = set(raylets) | set(_marked_pids(cluster.marker, parent=raylets[0]))
                 node |= set(_marked_pids(cluster.marker, contains=cluster.node_tmp.encode()))
                 for pid in node:

@@ -24,6 +24,19 @@ for method, seeds in (("a", (0, 1)), ("b", (0, 1))):
             (method, "digits", seed, "noise", "ood_auroc_entropy"): {"a": 0.80, "b": 0.70}[method],
             (method, "digits", seed, "inv", "ood_auroc_entropy"): {"a": 0.60, "b": 0.65}[method],
             (method, "digits", seed, "cost", "s_per_sample"): {"a": 0.1, "b": 0.2}[method],
+            (method, "digits", seed, "cost", "flops_per_prediction"): {"a": 100.0, "b": 10.0}[method],
+            (method, "digits", seed, "cost", "storage_bytes_32"): {"a": 5.0, "b": 50.0}[method],
+            (method, "digits", seed, "corrupt:gaussian_noise:1", "accuracy"): {"a": 0.8, "b": 0.7}[method],
+            (method, "digits", seed, "corrupt:gaussian_noise:3", "accuracy"): {"a": 0.5, "b": 0.6}[method],
+            (method, "digits", seed, "corrupt:gaussian_noise:1", "ece"): {"a": 0.05, "b": 0.10}[method],
+            (method, "digits", seed, "corrupt:gaussian_noise:3", "ece"): {"a": 0.2, "b": 0.1}[method],
+            # PGD at the reference ε counts; another ε does not
+            (method, "digits", seed, "adv:pgd_eps0.0625", "accuracy"): {"a": 0.3, "b": 0.4}[method],
+            (method, "digits", seed, "adv:pgd_eps0.0625", "reference"): 1.0,
+            (method, "digits", seed, "adv:pgd_eps0.25", "accuracy"): {"a": 0.9, "b": 0.0}[method],
+            (method, "digits", seed, "adv:pgd_eps0.25", "reference"): 0.0,
+            # a bit-depth copy of the OOD set is no OOD set of its own
+            (method, "digits", seed, "noise@int8", "ood_auroc_mi"): {"a": 0.0, "b": 1.0}[method],
             # the balanced set reports a decision cost too (same cost matrix); it enters no composite
             (method, "digits", seed, "test", "decision_cost"): {"a": 0.0, "b": 9.0}[method],
         })
@@ -37,6 +50,8 @@ for method, seeds in (("a", (0, 1)), ("b", (0, 1))):
             (method, "digits_imbalanced", seed, "noise", "ood_auroc_mi"): {"a": 0.1, "b": 0.99}[method],
             (method, "digits_imbalanced", seed, "noise", "ood_auroc_entropy"): {"a": 0.0, "b": 1.0}[method],
             (method, "digits_imbalanced", seed, "cost", "s_per_sample"): 10.0,
+            (method, "digits_imbalanced", seed, "cost", "flops_per_prediction"): {"a": 1.0, "b": 1e6}[method],
+            (method, "digits_imbalanced", seed, "corrupt:gaussian_noise:3", "accuracy"): {"a": 0.0, "b": 1.0}[method],
         })
 
 
@@ -75,13 +90,24 @@ def test_composites_and_principle_ranks_equal_hand_computed_values():
             "ood_auroc_entropy": {"a": 0.70, "b": 0.675},
             "decision_cost": {"a": 2.1, "b": 1.0},  # decision-task cells only
             "s_per_sample": {"a": 0.1, "b": 0.2},
+            "flops_per_prediction": {"a": 100.0, "b": 10.0},
+            "storage_bytes": {"a": 5.0, "b": 50.0},
+            "adv_accuracy": {"a": 0.3, "b": 0.4},
+            "corrupt_accuracy": {"a": 0.65, "b": 0.65},
+            "corrupt_ece": {"a": 0.125, "b": 0.1},
+            "corrupt_accuracy_s3": {"a": 0.5, "b": 0.6},
+            "corrupt_ece_s3": {"a": 0.2, "b": 0.1},
             # accuracy: a 1, b 2; uncertainty: nll (a 2, b 1) and misclass (a 1, b 2); ood: a 1, b 2 on
-            # both OOD sets; decision: a 2, b 1.  mean_rank = mean of the four principle ranks.
+            # both OOD sets; decision: a 2, b 1; robustness: PGD accuracy (a 2, b 1), corruption accuracy and
+            # ECE at severity 1 (a 1, b 2) and 3 (a 2, b 1); test_time: flops (a 2, b 1) and storage (a 1, b 2).
+            # mean_rank = mean of the six principle ranks.
             "rank_accuracy": {"a": 1.0, "b": 2.0},
             "rank_uncertainty": {"a": 1.5, "b": 1.5},
             "rank_ood": {"a": 1.0, "b": 2.0},
             "rank_decision": {"a": 2.0, "b": 1.0},
-            "mean_rank": {"a": 1.375, "b": 1.625},
+            "rank_robustness": {"a": 1.6, "b": 1.4},
+            "rank_test_time": {"a": 1.5, "b": 1.5},
+            "mean_rank": {"a": 8.6 / 6, "b": 9.4 / 6},
         }
     )
     for column in expected:
@@ -102,3 +128,5 @@ def test_coverage_names_the_cells_of_each_composite():
     assert coverage.loc["ood_auroc", "cells"] == "mlp/digits vs inv, mlp/digits vs noise"
     assert coverage.loc["decision_cost", "cells"] == "mlp/digits_imbalanced"
     assert coverage.loc["s_per_sample", "cells"] == "mlp/digits"
+    assert coverage.loc["corrupt_accuracy", "cells"] == "mlp/digits × 2 corruption sets (1 types, severities 1, 3)"
+    assert coverage.loc["corrupt_accuracy_s3", "n"] == 1

@@ -32,6 +32,8 @@ TINY = {
     "resources": {"cpu": 1},
     "budget": {"epochs": 3, "n_samples": 4, "batch_size": 128},
     "save_predictions": True,
+    "corruptions": {"types": ["gaussian_noise", "rotate"], "severities": [1, 5], "n_examples": 200},
+    "adversarial": {"n_examples": 100, "attack_samples": 4},
 }
 TRIAL_REQUIRED = [
     "trial_id", "phase", "method", "model", "dataset", "seed", "status", "error", "config", "wall_s", "cpu_s",
@@ -90,7 +92,12 @@ def test_metrics_parquet_contract(tiny_run):
     for metric in ["accuracy", "nll", "brier", "ece", "misclass_auroc_maxprob", "misclass_aupr_entropy", "misclass_auroc_mi", "decision_cost"]:
         assert metric in test.index, metric
     assert 0.5 < test["accuracy"] <= 1.0
-    assert set(one["eval_set"]) == {"test", "noise", "digits_inverted", "cost"}
+    full_precision = {"test", "noise", "digits_inverted"}
+    stored = {f"{name}@{scheme}" for name in full_precision for scheme in ("float16", "bfloat16", "int8")}
+    corrupted = {f"corrupt:{kind}:{severity}" for kind in ("gaussian_noise", "rotate") for severity in (1, 5)}
+    attacked = {"adv:clean"} | {f"adv:{attack}_eps{eps:.6g}" for attack in ("fgsm", "pgd")
+                                for eps in (1 / 32, 1 / 16, 1 / 8, 1 / 4)}
+    assert set(one["eval_set"]) == full_precision | stored | corrupted | attacked | {"cost"}
     ood = one[one["eval_set"] == "noise"].set_index("metric")["value"]
     assert set(ood.index) == {"ood_auroc_entropy", "ood_auroc_mi"}
     cost = one[one["eval_set"] == "cost"].set_index("metric")["value"]
@@ -102,25 +109,59 @@ def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
     import math
 
     from ursa_ray.data import get_dataset
+    from ursa_ray.evaluation.adversarial import metrics_from_adversarial_tables
     from ursa_ray.evaluation.predictions import metrics_from_predictions
 
     _, results = tiny_run
     metrics = pd.read_parquet(results / "metrics.parquet")
     reported = metrics[metrics["eval_set"] != "cost"]
     assert set(reported["method"]) == {"sgd", "mc_dropout"}
+    assert {"test@float16", "test@bfloat16", "test@int8", "noise@int8", "corrupt:rotate:5", "adv:pgd_eps0.0625",
+            "adv:clean"} <= set(reported["eval_set"])
     for (trial_id, dataset), rows in reported.groupby(["trial_id", "dataset"]):
         saved = {p.name[len(trial_id) + 2 : -len(".parquet")]: pd.read_parquet(p)
                  for p in (results / "predictions").glob(f"{trial_id}__*.parquet")}
         cost = get_dataset(dataset).load({}, (), None, False, 0).cost_matrix
-        recomputed = metrics_from_predictions(
-            saved.pop("test"), saved, None if cost is None else cost.numpy()
-        )
-        for row in rows.itertuples():
+        recomputed = {}
+        for scheme in ("", "@float16", "@bfloat16", "@int8"):  # full precision, then each bit depth
+            ood = {n: t for n, t in saved.items() if n != "test" + scheme and n.endswith(scheme) and
+                   ("@" in n) == bool(scheme) and not n.startswith(("corrupt:", "adv:"))}
+            again = metrics_from_predictions(saved["test" + scheme], ood, None if cost is None else cost.numpy())
+            recomputed.update({name + (scheme if name == "test" else ""): v for name, v in again.items()})
+        for name in (n for n in saved if n.startswith("corrupt:")):  # labelled copies of the test set
+            recomputed[name] = metrics_from_predictions(saved[name], {}, None if cost is None else cost.numpy())["test"]
+        adversarial = {n[len("adv:"):]: t for n, t in saved.items() if n.startswith("adv:")}
+        if adversarial:
+            recomputed.update({f"adv:{n}": v for n, v in metrics_from_adversarial_tables(adversarial).items()})
+        for row in rows[rows["metric"] != "reference"].itertuples():  # reference: a flag the trial sets
             again = recomputed[row.eval_set][row.metric]
             assert again == row.value or (math.isnan(again) and math.isnan(row.value)), (trial_id, row)
     # a single-sample method has no knowledge uncertainty: its mutual-information AUROCs are exactly 0.5
     sgd = reported[(reported["method"] == "sgd") & reported["metric"].isin(["ood_auroc_mi", "misclass_auroc_mi"])]
     assert len(sgd) > 0 and (sgd["value"] == 0.5).all()
+
+
+def test_mc_dropout_samples_differ(tiny_run):
+    """A dropout that silently turned off would give identical samples: mutual information 0 everywhere."""
+    _, results = tiny_run
+    metrics = pd.read_parquet(results / "metrics.parquet")
+    test = metrics[metrics["eval_set"] == "test"]
+    mean_mi = test[(test["method"] == "mc_dropout") & (test["metric"] == "mean_mi")]
+    assert len(mean_mi) == 4 and (mean_mi["value"] > 1e-4).all()
+
+
+def test_prediction_seconds_are_per_evaluated_example(tiny_run):
+    """predict_s_per_example = eval_s ÷ examples of every evaluation set (test, OOD and corruption sets): the
+    cost of one prediction, all samples."""
+    _, results = tiny_run
+    trials = pd.read_parquet(results / "trials.parquet").set_index("trial_id")
+    metrics = pd.read_parquet(results / "metrics.parquet")
+    per_example = metrics[metrics["metric"] == "predict_s_per_example"].set_index("trial_id")["value"]
+    # digits: test, noise, digits_inverted, and 2 corruptions × 2 severities of 200; the decision task: test
+    n_examples = {"digits": 360 * 3 + 4 * 200, "digits_imbalanced": 360}
+    for trial_id, value in per_example.items():
+        expected = trials.loc[trial_id, "eval_s"] / n_examples[trials.loc[trial_id, "dataset"]]
+        assert value == pytest.approx(expected, rel=1e-9)
 
 
 def test_first_trial_of_each_worker_records_its_warm_up(tiny_run):

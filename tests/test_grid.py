@@ -8,8 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+import torch
+
+from ursa_ray import data
 from ursa_ray.cli import main
+from ursa_ray.data.synthetic_regression import make_dataset
+from ursa_ray.evaluation import ClassificationPredictive, RegressionPredictive
 from ursa_ray.grid import GridError, load_grid, parse_grid
+from ursa_ray.search_space import SELECTION_METRICS
+from ursa_ray.trial import _evaluate
 
 GOOD = {
     "name": "tiny",
@@ -63,6 +70,8 @@ BAD = [
     (variant(seeds=[0, 1.5]), "seeds[1]: expected an integer >= 0, got 1.5"),
     (variant(seeds=0), "seeds: expected an integer >= 1, got 0"),
     (variant(seeds="three"), "seeds: expected an integer n"),
+    (variant(bit_depths=["int4"]), "bit_depths: expected a list of float16, bfloat16, int8, got ['int4']"),
+    (variant(bit_depths="int8"), "bit_depths: expected a list of float16, bfloat16, int8, got 'int8'"),
     (variant(budget={"epochs": 0}), "budget.epochs: expected an integer >= 1, got 0"),
     (variant(budget={"n_samples": -5}), "budget.n_samples: expected an integer >= 1, got -5"),
     (variant(budget={"epochs": 2.5}), "budget.epochs: expected an integer >= 1, got 2.5"),
@@ -145,7 +154,12 @@ def test_likelihood_temperature_reaches_the_subspace_trials():
     assert {s["config"]["likelihood_temperature"] for s in specs} == {5000.0}
     assert all("temperature" not in s["config"] for s in specs)
     # the samplers that temper the whole posterior keep `temperature`
-    raw = variant(methods=[{"name": name, "hyperparameters": {"temperature": 0.5}} for name in ("sgld", "hmc")])
+    raw = variant(
+        methods=[
+            {"name": "sgld", "hyperparameters": {"temperature": 0.5, "burn_in_epochs": 1}},  # below the budget's 2 epochs
+            {"name": "hmc", "hyperparameters": {"temperature": 0.5}},
+        ]
+    )
     assert {s["config"]["temperature"] for s in parse_grid(raw, "g.yaml").trial_specs()} == {0.5}
 
 
@@ -231,3 +245,109 @@ def test_search_space_validation():
         parse_grid(variant(search={"algorithm": "grid", "n_trials": 2}), "s.yaml")
     with pytest.raises(GridError, match="methods declare search spaces but the grid has no search block"):
         parse_grid(variant(methods=[{"name": "sgd", "search": {"lr": {"type": "uniform", "low": 0.1, "high": 0.2}}}]), "s.yaml")
+
+
+METRIC_MISMATCH = [
+    (
+        variant(methods=[{"name": "sgd", "search": {"lr": {"type": "loguniform", "low": 1e-3, "high": 0.3}}}]),
+        "val_rmse",
+        "search.metric: val_rmse is not reported on the validation split of the classification dataset 'digits' "
+        "(searched by method sgd); allowed for classification: val_nll, val_accuracy, val_brier, val_ece",
+    ),
+    (
+        variant(
+            datasets=[{"name": "e1", "complexity": [1]}],
+            methods=[{"name": "sgd", "search": {"lr": {"type": "loguniform", "low": 1e-3, "high": 0.3}}}],
+        ),
+        "val_accuracy",
+        "search.metric: val_accuracy is not reported on the validation split of the regression dataset 'e1' "
+        "(searched by method sgd); allowed for regression: val_nll, val_rmse",
+    ),
+    (
+        variant(
+            datasets=["digits", {"name": "e1", "complexity": [1]}],
+            methods=[{"name": "sgd", "search": {"lr": {"type": "loguniform", "low": 1e-3, "high": 0.3}}}],
+        ),
+        "val_brier",
+        "search.metric: val_brier is not reported on the validation split of the regression dataset 'e1' "
+        "(searched by method sgd); allowed for classification and regression: val_nll",
+    ),
+]
+
+
+@pytest.mark.parametrize("raw, metric, message", METRIC_MISMATCH, ids=["rmse-classification", "accuracy-regression", "mixed"])
+def test_a_selection_metric_the_task_does_not_report_is_rejected(raw, metric, message):
+    with pytest.raises(GridError) as info:
+        parse_grid({**raw, "search": {"n_trials": 2, "metric": metric}}, "grids/bad.yaml")
+    assert str(info.value) == f"grids/bad.yaml: {message}"
+    parse_grid({**raw, "search": {"n_trials": 2, "metric": "val_nll"}}, "grids/ok.yaml")  # reported by both tasks
+
+
+def test_the_selection_metric_need_suit_only_the_searched_datasets():
+    raw = variant(
+        datasets=["digits", {"name": "e1", "complexity": [1]}],
+        methods=[
+            {"name": "sgd", "datasets": ["e1"], "search": {"lr": {"type": "loguniform", "low": 1e-3, "high": 0.3}}},
+            {"name": "mc_dropout", "datasets": ["digits"]},
+        ],
+        search={"n_trials": 2, "metric": "val_rmse"},
+    )
+    assert parse_grid(raw, "grids/ok.yaml").search.metric == "val_rmse"
+
+
+def test_selection_metrics_are_the_ones_each_task_reports_on_its_validation_split():
+    """SELECTION_METRICS' tasks agree with what a search trial's validation evaluation reports (val_ + key)."""
+    digits = data.get_dataset("digits").load({}, (), Path("."), False, 0)
+    e1 = make_dataset("e1", 2.0, 0)
+    reported = {}
+    for ds in (digits, e1):
+        n = 20
+        if ds.task == "classification":
+            pred = ClassificationPredictive(n, ds.n_outputs)
+            samples = [torch.randn(n, ds.n_outputs) for _ in range(2)]
+        else:
+            pred = RegressionPredictive(n)
+            samples = [torch.randn(n) for _ in range(2)]
+        for s in samples:
+            pred.update(s)
+        reported[ds.task] = {f"val_{k}" for k in _evaluate(ds, pred, ds.train_y[:n], "validation")}
+    assert set(reported) == {"classification", "regression"}
+    for name, metric in SELECTION_METRICS.items():
+        for task, keys in reported.items():
+            assert (name in keys) == (task in metric.tasks), (name, task, sorted(keys))
+
+
+def test_validate_says_it_did_not_check_resources_without_a_reachable_cluster(tmp_path, monkeypatch, capsys):
+    """Without RAY_ADDRESS or --address, or with an address where nothing answers, validate says in one line
+    that it did not check resources, and starts no Ray."""
+    import ray
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("validate started or joined a Ray")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    grid_file = tmp_path / "gpu.yaml"
+    grid_file.write_text(yaml.safe_dump(variant(resources={"cpu": 1, "gpu": 1})))
+    assert main(["validate", str(grid_file)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{grid_file}: valid: ")
+    assert lines[1:] == ["resources: not checked: no Ray cluster given (set RAY_ADDRESS or pass --address to check them)"]
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # nothing listens on port 1
+    assert main(["validate", str(grid_file)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("resources: not checked: no Ray cluster reachable at 127.0.0.1:1 ("), lines
+
+
+def test_validate_runs_the_resource_check_on_a_reachable_cluster(ray_session, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    address = ray_session.get_runtime_context().gcs_address
+    grid_file = tmp_path / "cpu.yaml"
+    grid_file.write_text(yaml.safe_dump(variant(resources={"cpu": 1})))
+    assert main(["validate", str(grid_file), "--address", address]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == f"resources: each trial's CPU=1 fits a node of the Ray cluster at {address}"
+    grid_file.write_text(yaml.safe_dump(variant(resources={"cpu": 1, "gpu": 1})))
+    assert main(["validate", str(grid_file), "--address", address]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"error: {grid_file}: resources: each trial asks for GPU=1, which no node of the Ray cluster has" in captured.err

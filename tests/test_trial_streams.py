@@ -8,7 +8,7 @@ import torch
 
 import ursa_ray.trial
 from ursa_ray.grid import parse_grid
-from ursa_ray.trial import run_trial, trial_seeds
+from ursa_ray.trial import RANDOM_STREAMS, run_trial, trial_seeds
 
 GRID = {
     "name": "streams",
@@ -28,7 +28,7 @@ def specs():
 
 class _StreamProbe:
     """A stand-in method that records the first draws of the global (init) stream and of the problem's
-    generator (mini-batch) stream, then yields one constant predictor."""
+    generator (mini-batch) stream, then yields one network."""
 
     name = "sgd"
     hyperparameters = ()
@@ -39,7 +39,7 @@ class _StreamProbe:
     def sample_posterior(self, problem, config, stats):
         self.draws["init"] = torch.randn(4000, dtype=torch.float64).numpy()
         self.draws["data"] = torch.randn(4000, dtype=torch.float64, generator=problem.generator).numpy()
-        yield lambda x: torch.zeros(x.shape[0], 10)
+        yield torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
 
 
 def _draws(spec, monkeypatch) -> dict[str, np.ndarray]:
@@ -64,9 +64,10 @@ def test_init_and_minibatch_streams_are_uncorrelated_within_and_across_seeds(spe
 
 def test_stream_seeds_are_spawned_from_one_seed_sequence():
     seeds = trial_seeds(7)
-    children = np.random.SeedSequence(7).spawn(3)
+    children = np.random.SeedSequence(7).spawn(len(RANDOM_STREAMS))
+    assert list(seeds) == list(RANDOM_STREAMS) == ["init", "data", "split", "corruption"]
     assert list(seeds.values()) == [int(c.generate_state(1, np.uint64)[0]) for c in children]
-    assert len({*seeds.values(), *trial_seeds(8).values()}) == 6
+    assert len({*seeds.values(), *trial_seeds(8).values()}) == 2 * len(RANDOM_STREAMS)
 
 
 def test_seeds_give_different_networks_and_a_seed_reproduces_every_metric(specs):

@@ -1,9 +1,10 @@
 """A method's measured cost does not depend on whether it ran first in a fresh worker process.
 
 Each order runs in a fresh Python process that warms up (:func:`ursa_ray.trial.warm_up_worker`, as every
-Ray worker does before its first trial) and then runs the same two trials; SGD's ``train_s`` must agree
-across the two orders within noise (a factor of 2 plus 0.15 s).  Without the warm-up, the first trial in
-a process pays torch's first calls: about 1.3 s against 0.3 s for SGD here."""
+Ray worker does before its first trial) and then runs the same two trials; each trial's CPU time (``cpu_s``: process CPU seconds, which other load on the
+machine does not inflate as it does wall time) must agree across the two orders within noise (a factor
+of 2 plus 0.15 s).  Without the warm-up, the first trial in a process pays torch's first calls: about
+1.3 s against 0.3 s for SGD here."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ grid = {"name": "order", "models": [{"name": "mlp", "options": {"widths": [200, 
 specs = {s["method"]: s for s in parse_grid(grid, "order.yaml").trial_specs()}
 torch.set_num_threads(1)
 setup = warm_up_worker(pick_device(0))
-costs = {name: run_trial(specs[name]).record["train_s"] for name in sys.argv[1].split(",")}
+costs = {name: run_trial(specs[name]).record["cpu_s"] for name in sys.argv[1].split(",")}
 print(json.dumps({"setup": setup, **costs}))
 """
 

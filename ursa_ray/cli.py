@@ -7,26 +7,73 @@ Exit status: 0 success; 1 some trials failed; 2 a bad grid (nothing was run or w
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
 
-from ursa_ray.grid import GridError, check_data, load_grid
+from ursa_ray.grid import Grid, GridError, check_data, load_grid
+
+
+def _unreachable(address: str) -> str | None:
+    """Why no Ray cluster answers at ``address``, or None when its head accepts a TCP connection within 3 s
+    (``ray.init`` would otherwise wait minutes for an absent head)."""
+    import socket
+
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        head = canonicalize_bootstrap_address(address.removeprefix("ray://"))  # "auto": the cluster `ray start` left here
+    except ValueError as exc:
+        return str(exc)
+    if head is None:
+        return "no running cluster found"
+    host, _, port = head.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
+    return None
+
+
+def _check_resources(grid: Grid, address: str | None) -> str:
+    """``run``'s resource-fit check (:func:`ursa_ray.tune.runner.check_cluster_fits`) against the Ray cluster
+    at ``address`` (else ``RAY_ADDRESS``) when one is reachable; never starts a local Ray.  Returns the line
+    to print; GridError when no node of the cluster fits one trial."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        return "resources: not checked: no Ray cluster given (set RAY_ADDRESS or pass --address to check them)"
+    from ursa_ray.tune.runner import check_cluster_fits, connect, trial_resources
+
+    reason = _unreachable(address)
+    if reason is None:
+        try:
+            connect(address)
+        except ConnectionError as exc:  # something answers there, but not a Ray head
+            reason = str(exc)
+    if reason is not None:
+        return f"resources: not checked: no Ray cluster reachable at {address} ({reason})"
+    check_cluster_fits(grid)
+    need = ", ".join(f"{k}={v:g}" for k, v in trial_resources(grid).items())
+    return f"resources: each trial's {need} fits a node of the Ray cluster at {address}"
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid)
     check_data(grid)
     specs = grid.trial_specs()
+    resources = _check_resources(grid, args.address)
     cells = len(grid.cells())
     search = ""
     if grid.search is not None:
         searched = sum(1 for m in grid.methods if m.search_space)
-        search = f"; search phase: {grid.search.algorithm}, up to {grid.search.n_trials} trials per cell for {searched} method(s)"
+        limit = "until its budget is spent" if grid.search.n_trials is None else f"up to {grid.search.n_trials} trials"
+        search = f"; search phase: {grid.search.algorithm}, {limit} per cell for {searched} method(s)"
     print(
         f"{args.grid}: valid: {len(grid.methods)} methods x {len(grid.models)} models x {len(grid.datasets)} datasets "
         f"-> {cells} cells x {len(grid.seeds)} seeds = {len(specs)} final trials{search}"
     )
+    print(resources)
     return 0
 
 
@@ -43,21 +90,37 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise GridError(f"--out {given}: {exc}") from exc
     from ursa_ray.tune.runner import run_grid
 
-    summary = run_grid(grid, out, address=args.address)
-    print(
-        f"done: {len(summary.finished)} ok, {len(summary.failed)} failed, {len(summary.early_stopped)} early-stopped, "
-        f"{summary.skipped} already finished; results in {out}"
-    )
-    if summary.incomplete > 0:
-        print(
-            f"interrupted: {summary.incomplete} trial(s) did not finish; run the same command again to resume",
-            file=sys.stderr,
-        )
+    try:
+        summary = run_grid(grid, out, address=args.address)
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped at once (never in the middle of writing a trial's rows)
+        print("aborted: stopped at once; finished trials are kept; run the same command again to resume", file=sys.stderr)
         return 130
-    if summary.failed:
-        print(f"{len(summary.failed)} trial(s) failed:", file=sys.stderr)
-        for trial_id, error in summary.failed:
-            print(f"  {trial_id}: {error}", file=sys.stderr)
+    search_failed = len(summary.search_failed)
+    print(
+        f"done: {len(summary.finished)} ok, {len(summary.failed)} failed ({search_failed} of them search trials), "
+        f"{len(summary.early_stopped)} early-stopped, {summary.skipped} already finished; results in {out}"
+    )
+    if summary.budget_stopped:
+        print(f"search budget spent (search complete) in {len(summary.budget_stopped)} cell(s): {', '.join(summary.budget_stopped)}")
+    if summary.interrupted or summary.incomplete > 0:
+        what = f"{summary.incomplete} trial(s) did not finish" if summary.incomplete > 0 else "the run did not finish"
+        if summary.interrupted and summary.planned == 0 and grid.search is not None:
+            what += " (stopped in the search phase: the final phase did not start)"
+        print(f"interrupted: {what}; run the same command again to resume", file=sys.stderr)
+        return 130
+    if summary.failed or summary.failed_cells:
+        if summary.failed:
+            print(f"{len(summary.failed)} trial(s) failed ({search_failed} search, {len(summary.failed) - search_failed} final):", file=sys.stderr)
+            for trial_id, error in summary.failed:
+                print(f"  {trial_id}: {error}", file=sys.stderr)
+        for cell, why in summary.failed_cells:
+            print(f"FAILED cell {cell}: {why}; its final phase was not run", file=sys.stderr)
+        if search_failed:
+            print(
+                f"{search_failed} search trial(s) failed: recorded with their compute, never selected "
+                "(a rerun does not count them as done)",
+                file=sys.stderr,
+            )
         return 1
     print(f"next: ursa-ray report {shlex.quote(given) if is_uri(given) else Path(given)}")
     return 0
@@ -78,6 +141,8 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         print(f"{name}: {method.description}")
         for h in method.hyperparameters:
             print(f"    {h.describe()}")
+        for c in method.constraints:
+            print(f"    constraint: {c.rule}")
     return 0
 
 
@@ -114,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
     validate = sub.add_parser("validate", help="check a grid without running anything")
     validate.add_argument("grid")
+    validate.add_argument(
+        "--address",
+        help="Ray cluster whose nodes must fit one trial's resources (default: RAY_ADDRESS; "
+        "without either, resources are not checked and no Ray is started)",
+    )
     validate.set_defaults(func=_cmd_validate)
     report = sub.add_parser("report", help="print the composite table and write DIR/report.md")
     report.add_argument("results", help="results directory or object-store URI (as given to run --out)")

@@ -2,12 +2,16 @@
 
 A grid names methods, models, datasets and seeds; every (method, model, dataset[, complexity], seed) is one
 final-phase trial.  Validation rejects a bad grid before any trial starts with a one-line
-:class:`GridError` naming the file, the field and what is allowed.
+:class:`GridError` naming the file, the field and what is allowed: field by field, then across fields (each
+method's declared constraints on every resolved configuration and at the corners of its search space, and a
+selection metric that every searched dataset's task reports).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Mapping
@@ -18,8 +22,17 @@ from typing import Any
 import yaml
 
 from ursa_ray import data, methods, models
-from ursa_ray.methods.base import BUDGET_KEYS, Hyperparameter, resolve_config
-from ursa_ray.search_space import SEARCH_KEYS, SearchSettings, parse_search_settings, parse_search_space
+from ursa_ray.methods.base import BUDGET_KEYS, Constraint, Hyperparameter, resolve_config
+from ursa_ray.evaluation.adversarial import validate_adversarial
+from ursa_ray.evaluation.corruptions import CORRUPTIONS, SEVERITIES, validate_corruptions
+from ursa_ray.evaluation.test_time_cost import QUANTISATION_SCHEMES
+from ursa_ray.search_space import (
+    SEARCH_KEYS,
+    SELECTION_METRICS,
+    SearchSettings,
+    parse_search_settings,
+    parse_search_space,
+)
 
 TOP_KEYS = {
     "name": "a name for the grid (string)",
@@ -31,6 +44,10 @@ TOP_KEYS = {
     "resources": "per-trial resources {cpu, gpu, custom}",
     "budget": f"defaults for {list(BUDGET_KEYS)}",
     "save_predictions": "true or false",
+    "adversarial": "adversarial evaluation {attacks, epsilons, n_examples, attack_samples, pgd_steps}",
+    "corruptions": "common-corruption evaluation sets {types, severities, n_examples}; types: a list or all",
+    "bit_depths": "weight storage schemes the posterior predictive is also evaluated at: a list of float16, "
+    "bfloat16, int8 (default all three; [] for none)",
     "data_root": "a directory (URSA_DATA overrides it)",
     "download": "true or false: let torchvision download missing data (needs internet)",
     "max_concurrent_trials": "a positive integer",
@@ -92,6 +109,9 @@ class Grid:
     resources: dict[str, Any]
     budget: dict[str, int]
     save_predictions: bool
+    bit_depths: tuple[str, ...]
+    corruptions: dict[str, Any]
+    adversarial: dict[str, Any]
     data_root: str | None
     download: bool
     max_concurrent_trials: int | None
@@ -129,10 +149,8 @@ class Grid:
 
     def spec_for(self, cell: dict[str, Any], seed: int, phase: str, extra: dict[str, Any]) -> dict[str, Any]:
         m: MethodEntry = cell["method"]
-        method = methods.get_method(m.name)
-        budget = {k: v for k, v in self.budget.items() if k in {h.name for h in method.hyperparameters}}
-        per_model = m.model_hyperparameters.get(cell["model"].name, {})
-        config = resolve_config(method, {**budget, **m.hyperparameters, **per_model, **extra})
+        fixed = {k: v for _, layer in _layers(m, cell["model"].name, self.budget) for k, v in layer.items()}
+        config = resolve_config(methods.get_method(m.name), {**fixed, **extra})
         spec = {
             "phase": phase,
             "method": m.name,
@@ -148,6 +166,9 @@ class Grid:
             "seed": int(seed),
             "config": config,
             "save_predictions": self.save_predictions,
+            "bit_depths": list(self.bit_depths),
+            "corruptions": self.corruptions,
+            "adversarial": self.adversarial,
             "data_root": self.data_root,
             "download": self.download,
             "resources": self.resources,
@@ -157,6 +178,18 @@ class Grid:
             spec["validation_fraction"] = self.search.validation_fraction
         spec["trial_id"] = trial_id(spec)
         return spec
+
+
+def _layers(entry: MethodEntry, model: str, budget: Mapping[str, int]) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """The grid's settings of ``entry``'s fixed configuration on ``model``, lowest precedence first (each
+    overrides the method's defaults and the layers before it), each with the kind of field holding it:
+    ``budget`` (the keys the method declares), ``hyperparameters`` and ``model_hyperparameters``."""
+    declared = {h.name for h in methods.get_method(entry.name).hyperparameters}
+    return (
+        ("budget", {k: v for k, v in budget.items() if k in declared}),
+        ("hyperparameters", entry.hyperparameters),
+        ("model_hyperparameters", entry.model_hyperparameters.get(model, {})),
+    )
 
 
 def cell_key(cell: dict[str, Any]) -> str:
@@ -263,6 +296,100 @@ def _name_subset(path: str, where: str, value: Any, known: list[str], noun: str)
         if v not in known:
             raise _fail(path, where, f"{v!r} is not among the grid's {noun}s: {', '.join(known)}")
     return tuple(value)
+
+
+def _corners(space: dict[str, dict[str, Any]], names: list[str]) -> list[dict[str, tuple[Any, str]]]:
+    """Every combination of the ends of the ranges (each value of a choice) of the searched ``names``, as
+    {name: (value, where it sits in the space)}."""
+    options = []
+    for name in names:
+        dist = space[name]
+        if dist["type"] == "choice":
+            options.append([(name, v, "one of its search choices") for v in dist["values"]])
+        else:
+            options.append([(name, dist[end], f"the {end} end of its search range") for end in ("low", "high")])
+    return [{name: (value, place) for name, value, place in combo} for combo in itertools.product(*options)]
+
+
+def _check_constraints(
+    path: str, index: int, entry: MethodEntry, model_names: list[str], budget: Mapping[str, int]
+) -> None:
+    """Every constraint of ``entry``'s method (:class:`~ursa_ray.methods.base.Constraint`) on the entry's
+    resolved configuration with each model it runs on; a constraint on searched hyperparameters at every
+    corner of the search space instead.  The GridError names the grid field that set one of the values, and
+    where each value involved came from."""
+    method = methods.get_method(entry.name)
+    where = f"methods[{index}]"
+    for model in model_names:
+        if entry.models is not None and model not in entry.models:
+            continue
+        fields = {
+            "budget": "budget",
+            "hyperparameters": f"{where}.hyperparameters",
+            "model_hyperparameters": f"{where}.model_hyperparameters.{model}",
+        }
+        given: dict[str, Any] = {}
+        source: dict[str, str] = {}  # hyperparameter -> the grid field that set it
+        for kind, layer in _layers(entry, model, budget):
+            for name, value in layer.items():
+                given[name] = value
+                source[name] = f"{fields[kind]}.{name}"
+        config = resolve_config(method, given)
+        owner = f"method {entry.label}" + (f" on model {model}" if entry.model_hyperparameters else "")
+        for constraint in method.constraints:
+            searched = [n for n in constraint.names if n in entry.search_space]
+            for corner in _corners(entry.search_space, searched):  # one empty corner when nothing is searched
+                message = constraint.violation({**config, **{n: v for n, (v, _) in corner.items()}}, None)
+                if message is None:
+                    continue
+                field_ = _culprit(constraint, where, searched, source)
+                raise _fail(path, field_, f"{message} ({owner}; {_origins(constraint, corner, source)})")
+
+
+def _culprit(constraint: Constraint, where: str, searched: list[str], source: dict[str, str]) -> str:
+    """The grid field to name for a violated constraint: its first searched hyperparameter's search space,
+    else the field that set its first hyperparameter the grid sets, else the method entry."""
+    if searched:
+        return f"{where}.search.{searched[0]}"
+    return next((source[n] for n in constraint.names if n in source), where)
+
+
+def _origins(constraint: Constraint, corner: dict[str, tuple[Any, str]], source: dict[str, str]) -> str:
+    """Where each hyperparameter of ``constraint`` got its value: a corner of the search space, a grid
+    field, or the method's default."""
+    parts = []
+    for name in constraint.names:
+        if name in corner:
+            value, place = corner[name]
+            parts.append(f"{name}={value!r} at {place}")
+        else:
+            parts.append(f"{name} from {source.get(name, 'the default')}")
+    searched = f"every configuration of the search space must satisfy {constraint.rule}; " if corner else ""
+    return searched + ", ".join(parts)
+
+
+def _check_selection_metric(
+    path: str, search: SearchSettings, entries: list[MethodEntry], datasets: list[DatasetEntry], model_names: list[str]
+) -> None:
+    """The search phase's selection metric is one that every searched dataset's task reports on its
+    validation split (``val_rmse`` only for regression, ``val_accuracy`` only for classification, ...)."""
+    searched = [
+        (d, m)
+        for m in entries
+        if m.search_space
+        for d in datasets
+        if any(m.pairs_with(model, d.name) for model in model_names)
+    ]
+    tasks = sorted({d.task for d, _ in searched})
+    allowed = [name for name, metric in SELECTION_METRICS.items() if set(tasks) <= set(metric.tasks)]
+    for d, m in searched:
+        if d.task not in SELECTION_METRICS[search.metric].tasks:
+            raise _fail(
+                path,
+                "search.metric",
+                f"{search.metric} is not reported on the validation split of the {d.task} dataset {d.name!r} "
+                f"(searched by method {m.label}); allowed for {' and '.join(tasks)}: {', '.join(allowed)}",
+            )
 
 
 def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
@@ -397,6 +524,21 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     for key in ("save_predictions", "download"):
         if key in raw:
             _bool(path, key, raw[key])
+    corruptions = _parse_corruptions(path, raw.get("corruptions", {}))
+    try:
+        adversarial_settings = validate_adversarial(raw.get("adversarial"))
+    except ValueError as error:
+        raise GridError(f"{path}: {error}") from None  # the message names its field, adversarial.…
+    for d in dataset_entries:
+        if d.task == "classification" and not data.get_dataset(d.name).decision_task:
+            try:
+                adversarial_settings.epsilons_for(d.name)
+            except ValueError as error:
+                raise _fail(path, "adversarial.epsilons", f"{error}; give epsilons for {d.name!r}") from None
+    adversarial = dataclasses.asdict(adversarial_settings)
+    bit_depths = raw.get("bit_depths", list(QUANTISATION_SCHEMES))
+    if not isinstance(bit_depths, list) or any(b not in QUANTISATION_SCHEMES for b in bit_depths):
+        raise _fail(path, "bit_depths", f"expected a list of {', '.join(QUANTISATION_SCHEMES)}, got {bit_depths!r}")
     data_root = raw.get("data_root")
     if data_root is not None and not isinstance(data_root, str):
         raise _fail(path, "data_root", "expected a directory path (string)")
@@ -419,6 +561,10 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
                         f"model {mo.name!r} does not fit the {d.task} dataset {d.name!r} (method {m.label}); "
                         "restrict the method with 'models:' or 'datasets:'",
                     )
+    for i, m in enumerate(method_entries):
+        _check_constraints(path, i, m, model_names, budget)
+    if search is not None:
+        _check_selection_metric(path, search, method_entries, dataset_entries, model_names)
 
     return Grid(
         path=path,
@@ -431,12 +577,40 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         resources=resources,
         budget=budget,
         save_predictions=bool(raw.get("save_predictions", False)),
+        bit_depths=tuple(dict.fromkeys(bit_depths)),
+        corruptions=corruptions,
+        adversarial=adversarial,
         data_root=data_root,
         download=bool(raw.get("download", False)),
         max_concurrent_trials=max_concurrent,
         max_failures=max_failures,
         search=search,
     )
+
+
+CORRUPTION_KEYS = ("types", "severities", "n_examples")
+
+
+def _parse_corruptions(path: str, raw: Any) -> dict[str, Any]:
+    """The ``corruptions`` block with its defaults: every type, severities 1–5, the first 1,000 test examples;
+    ``types: []`` turns the corruption sets off."""
+    if not isinstance(raw, dict):
+        raise _fail(path, "corruptions", f"expected a mapping with keys {', '.join(CORRUPTION_KEYS)}")
+    for key in raw:
+        if key not in CORRUPTION_KEYS:
+            raise _fail(path, f"corruptions.{key}", f"unknown key; allowed: {', '.join(CORRUPTION_KEYS)}")
+    types = raw.get("types", "all")
+    types = list(CORRUPTIONS) if types == "all" else types
+    severities = raw.get("severities", list(SEVERITIES))
+    for key, value in (("types", types), ("severities", severities)):
+        if not isinstance(value, list):
+            raise _fail(path, f"corruptions.{key}", f"expected a list, got {value!r}")
+    try:
+        validate_corruptions(types, severities)
+    except ValueError as error:
+        raise _fail(path, "corruptions", str(error)) from None
+    n_examples = _int(path, "corruptions.n_examples", raw.get("n_examples", 1000), 1)
+    return {"types": list(dict.fromkeys(types)), "severities": sorted(set(severities)), "n_examples": n_examples}
 
 
 def load_grid(path: str | Path) -> Grid:

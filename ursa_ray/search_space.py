@@ -25,19 +25,33 @@ SEARCH_KEYS = {
     "validation_fraction": "share of the training set held out for validation, in (0, 1)",
     "max_concurrent": "search trials running at once (positive integer)",
 }
+
+
+@dataclass(frozen=True)
+class SelectionMetric:
+    """A validation metric the search phase may select on: whether lower or higher is better, and the
+    tasks whose validation evaluation reports it (classification: the keys of
+    :func:`~ursa_ray.evaluation.metrics.classification_metrics`; regression: those of
+    :func:`~ursa_ray.evaluation.metrics.regression_metrics` against the observed targets), each prefixed
+    ``val_``."""
+
+    mode: str
+    tasks: tuple[str, ...]
+
+
 SELECTION_METRICS = {
-    "val_nll": "min",
-    "val_accuracy": "max",
-    "val_brier": "min",
-    "val_ece": "min",
-    "val_rmse": "min",
+    "val_nll": SelectionMetric("min", ("classification", "regression")),
+    "val_accuracy": SelectionMetric("max", ("classification",)),
+    "val_brier": SelectionMetric("min", ("classification",)),
+    "val_ece": SelectionMetric("min", ("classification",)),
+    "val_rmse": SelectionMetric("min", ("regression",)),
 }
 
 
 @dataclass(frozen=True)
 class SearchSettings:
     algorithm: str
-    n_trials: int
+    n_trials: int | None  # None: only a compute budget limits the search
     cpu_seconds: float | None
     gpu_seconds: float | None
     scheduler: str
@@ -47,7 +61,7 @@ class SearchSettings:
 
     @property
     def mode(self) -> str:
-        return SELECTION_METRICS[self.metric]
+        return SELECTION_METRICS[self.metric].mode
 
 
 Fail = Callable[[str, str, str], Exception]
@@ -91,7 +105,7 @@ def parse_search_settings(path: str, raw: Any, fail: Fail) -> SearchSettings | N
         raise fail(path, "search.validation_fraction", f"expected a number in (0, 1), got {fraction!r}")
     return SearchSettings(
         algorithm=algorithm,
-        n_trials=n_trials if n_trials is not None else 1000,
+        n_trials=n_trials,
         cpu_seconds=cpu_seconds,
         gpu_seconds=gpu_seconds,
         scheduler=scheduler,

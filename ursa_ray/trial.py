@@ -29,8 +29,20 @@ from ursa_ray.evaluation import (
     ood_metrics,
     regression_metrics,
 )
+from ursa_ray.evaluation.adversarial import (
+    AdversarialPredictives,
+    DATASET_FAMILIES,
+    REFERENCE_EPSILON,
+    AdversarialSettings,
+    ModelAverage,
+    PixelScale,
+    craft,
+    set_name,
+)
+from ursa_ray.evaluation.corruptions import corrupt
 from ursa_ray.evaluation.precision import evaluation_precision, keep_output_layer_float32
 from ursa_ray.evaluation.predictions import prediction_table
+from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time, evaluate_at_bit_depths
 from ursa_ray.methods.base import Categorical, Gaussian, Problem
 
 EVAL_BATCH = 2048
@@ -48,7 +60,7 @@ class TrialOutcome:
     selection: dict[str, float] = field(default_factory=dict)
 
 
-RANDOM_STREAMS = ("init", "data", "split")
+RANDOM_STREAMS = ("init", "data", "split", "corruption")
 
 
 def trial_seeds(seed: int) -> dict[str, int]:
@@ -58,7 +70,8 @@ def trial_seeds(seed: int) -> dict[str, int]:
     - ``init``: torch's global generator (weight initialisation, dropout masks) and numpy's global state;
     - ``data``: ``problem.generator`` (mini-batch order, augmentation, bootstrap resampling, and the
       methods' own draws: SG-MCMC and HMC take their noise key from it once, before the first step);
-    - ``split``: the search phase's validation split (the same for every configuration of a cell).
+    - ``split``: the search phase's validation split (the same for every configuration of a cell);
+    - ``corruption``: the random draws of the common corruptions (the same images for every method).
 
     No two streams share bits, of one trial or of two seeds (SeedSequence hashes the seed and the
     child's index).
@@ -82,6 +95,49 @@ def predict(predictor: Any, x: Tensor, precision: torch.dtype | None = None) -> 
     if not torch.isfinite(out).all():
         raise FloatingPointError("the network produced non-finite outputs")
     return out
+
+
+def corrupted_sets(
+    ds: data.base.Dataset, test: tuple[Tensor, Tensor], settings: Mapping[str, Any], seed: int
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """The first ``n_examples`` test images under each common corruption and severity (Hendrycks &
+    Dietterich 2019; MNIST-C), as labelled evaluation sets ``corrupt:TYPE:SEVERITY``, made once per trial on
+    its device from the trial seed's ``corruption`` stream (the same images for every method)."""
+    if ds.pixel_mean is None or not settings["types"]:
+        return {}
+    x, y = test[0][: settings["n_examples"]], test[1][: settings["n_examples"]]
+    return {
+        f"corrupt:{kind}:{severity}": (corrupt(x, kind, severity, seed, ds.pixel_mean, ds.pixel_std), y)
+        for kind in settings["types"]
+        for severity in settings["severities"]
+    }
+
+
+def planned_samples(config: Mapping[str, Any]) -> int:
+    """The number of samples a method's stream yields, from its configuration (which samples the adversarial
+    model average keeps depends on it): ``n_samples``, or ``n_cycles × samples_per_cycle`` (cyclical
+    SG-MCMC), else 1 (point estimates)."""
+    if "n_samples" in config:
+        return int(config["n_samples"])
+    if "n_cycles" in config:
+        return int(config["n_cycles"] * config["samples_per_cycle"])
+    return 1
+
+
+def _attack(
+    spec: Mapping[str, Any], ds: data.base.Dataset, attacked: ModelAverage, test: tuple[Tensor, Tensor], seed: int
+) -> AdversarialPredictives:
+    """FGSM/PGD on the first ``n_examples`` test images against the model average of the kept samples
+    (white box: the attacker knows p̄ and its gradient), scored under that same model average."""
+    settings = spec["adversarial"]
+    x, y = test[0][: settings["n_examples"]], test[1][: settings["n_examples"]].to(test[0].device)
+    scale = PixelScale(ds.pixel_mean, ds.pixel_std)
+    epsilons = AdversarialSettings(**settings).epsilons_for(spec["dataset"])
+    examples = craft(attacked, x, y, scale, settings["attacks"], epsilons, steps=settings["pgd_steps"], seed=seed)
+    scored = AdversarialPredictives(examples, ds.n_outputs)
+    for predictor in attacked.predictors():
+        scored.update(predictor)
+    return scored
 
 
 def warm_up_worker(device: torch.device) -> float:
@@ -150,8 +206,11 @@ def run_trial(
     else:
         eval_sets = {"test": (ds.test_x, ds.test_y)}
         eval_sets.update({name: (x, None) for name, x in ds.ood.items()})
+    full_precision_sets = list(eval_sets)  # the sets also evaluated at lower bit depths
     train_x, train_y = train_x.to(device), train_y.to(device)
     eval_sets = {k: (x.to(device), y) for k, (x, y) in eval_sets.items()}
+    if spec["phase"] == "final" and ds.task == "classification" and not spec["decision_task"]:
+        eval_sets.update(corrupted_sets(ds, eval_sets["test"], spec["corruptions"], seeds["corruption"]))
 
     model_spec = models.get_model(spec["model"])
     model_kwargs = dict(spec["model_options"])
@@ -180,8 +239,21 @@ def run_trial(
         accumulators = {k: ClassificationPredictive(x.shape[0], ds.n_outputs, device) for k, (x, _) in eval_sets.items()}
     else:
         accumulators = {k: RegressionPredictive(x.shape[0], device) for k, (x, _) in eval_sets.items()}
+    # the final phase also evaluates each classification sample with its weights stored at lower bit depths
+    schemes = tuple(spec["bit_depths"]) if spec["phase"] == "final" and ds.task == "classification" else ()
+    at_bit_depth = {
+        f"{name}@{scheme}": ClassificationPredictive(x.shape[0], ds.n_outputs, device)
+        for scheme in schemes
+        for name, (x, _) in eval_sets.items()
+        if name in full_precision_sets
+    }
+    attacked = (
+        ModelAverage(planned_samples(spec["config"]), spec["adversarial"]["attack_samples"], seed=seeds["corruption"])
+        if spec["phase"] == "final" and ds.task == "classification" and not spec["decision_task"]
+        else None
+    )
     stats: dict[str, float] = {}
-    train_s = eval_s = 0.0
+    train_s = eval_s = bit_depth_s = 0.0
     stream = method.sample_posterior(problem, spec["config"], stats)
     tick = time.perf_counter()
     for predictor in stream:
@@ -189,9 +261,23 @@ def run_trial(
             torch.cuda.synchronize(device)  # charge queued GPU work to the method, not to evaluation
         train_s += time.perf_counter() - tick
         tick = time.perf_counter()
+        if schemes:  # before the float32 pass: each scheme sees the sample's dropout masks, the RNG is restored
+
+            def evaluate_stored(scheme: str, predictor: Any = predictor) -> None:
+                for name in full_precision_sets:
+                    x = eval_sets[name][0]
+                    at_bit_depth[f"{name}@{scheme}"].update(predict(predictor, x, precision))
+
+            evaluate_at_bit_depths(predictor, evaluate_stored, schemes)
+            bit_depth_s += time.perf_counter() - tick
+            tick = time.perf_counter()
         for name, (x, _) in eval_sets.items():
             accumulators[name].update(predict(predictor, x, precision))
         eval_s += time.perf_counter() - tick
+        if attacked is not None:
+            tick = time.perf_counter()
+            attacked.observe(predictor)
+            bit_depth_s += time.perf_counter() - tick  # copying a kept sample: charged with the extra evaluations
         if progress is not None and "validation" in eval_sets:
             running = _evaluate(ds, accumulators["validation"], eval_sets["validation"][1], "validation")
             progress(
@@ -207,6 +293,15 @@ def run_trial(
 
     outcome = TrialOutcome(record={})
     values: dict[str, dict[str, float]] = {}
+    attack_s, adversarial_tables = 0.0, {}
+    if attacked is not None and attacked.n_kept > 0:
+        tick = time.perf_counter()
+        adversarial = _attack(spec, ds, attacked, eval_sets["test"], seeds["corruption"])
+        reference = set_name("pgd", REFERENCE_EPSILON.get(DATASET_FAMILIES.get(spec["dataset"], ""), math.nan))
+        for name, table in adversarial.metrics().items():  # `reference`: the robustness composite's set
+            values[f"adv:{name}"] = table | ({"reference": float(name == reference)} if name != "clean" else {})
+        adversarial_tables = {f"adv:{name}": table for name, table in adversarial.tables().items()}
+        attack_s = time.perf_counter() - tick
     for name, (x, y) in eval_sets.items():
         if y is not None:
             values[name] = _evaluate(ds, accumulators[name], y, name)
@@ -214,6 +309,11 @@ def run_trial(
         if ds.task == "classification":
             for name in ds.ood:
                 values[name] = ood_metrics(accumulators["test"], accumulators[name])
+            for scheme in schemes:
+                test = at_bit_depth[f"test@{scheme}"]
+                values[f"test@{scheme}"] = _evaluate(ds, test, eval_sets["test"][1], "test")
+                for name in ds.ood:
+                    values[f"{name}@{scheme}"] = ood_metrics(test, at_bit_depth[f"{name}@{scheme}"])
         else:
             outcome.points = _points(spec, ds, accumulators["test"])
     if "validation" in values:
@@ -226,6 +326,8 @@ def run_trial(
         "predict_s_per_example": eval_s / n_eval_examples,
         "n_params": float(n_params),
         "n_samples": float(n_samples),
+        # the last sample stands for the structure of every one: FLOPs of a forward pass, storage of the posterior
+        **cost_metrics_at_test_time(method, predictor, spec["config"], n_samples, ds.input_shape),
     }
     base = {
         "trial_id": spec["trial_id"],
@@ -242,15 +344,18 @@ def run_trial(
     ]
     if spec["save_predictions"] and spec["phase"] == "final" and ds.task == "classification":
         outcome.predictions = {
-            name: prediction_table(acc, None if eval_sets[name][1] is None else eval_sets[name][1].numpy())
-            for name, acc in accumulators.items()
-        }
+            name: prediction_table(acc, None if labels is None else labels.numpy())
+            for name, acc in {**accumulators, **at_bit_depth}.items()
+            for labels in [eval_sets[name.split("@")[0]][1]]
+        } | adversarial_tables
     outcome.record = {
         "n_samples": n_samples,
         "n_params": n_params,
         "setup_s": setup_s,
         "train_s": train_s,
         "eval_s": eval_s,
+        "bit_depth_eval_s": bit_depth_s,
+        "attack_s": attack_s,
         "cpu_s": time.process_time() - start_cpu,
         "device": str(device),
         "grad_evals": float(stats.get("grad_evals", math.nan)),

@@ -27,7 +27,10 @@ class Dataset:
     labels, or for regression the noise-free truth.  ``test_info`` carries extra per-test-point columns
     (regression: ``in_distribution``).  ``cost_matrix[true, decision]`` defines the decision task where
     the dataset has one.  ``feature_map`` is the true feature map G of a synthetic regression problem
-    (inputs → n × p features), for the anchor model and for models linear in G.
+    (inputs → n × p features), for the anchor model and for models linear in G.  ``pixel_mean`` and
+    ``pixel_std`` (one value per channel; image datasets only) are the normalisation every image tensor
+    of the dataset went through, x = (pixel − mean) / std with pixels in [0, 1]: attacks and corruptions
+    work in pixel space and map back with them.
     """
 
     name: str
@@ -42,6 +45,8 @@ class Dataset:
     augment: Augment | None = None
     noise_std: float | None = None
     cost_matrix: Tensor | None = None
+    pixel_mean: tuple[float, ...] | None = None
+    pixel_std: tuple[float, ...] | None = None
     test_info: dict[str, Tensor] = field(default_factory=dict)
     feature_map: Callable[[Tensor], Tensor] | None = None
 

@@ -81,6 +81,8 @@ def load_digits_dataset(
         test_y=torch.from_numpy(y_test).long(),
         ood={name: images(_ood(name, x_test)) for name in ood_names},
         cost_matrix=cost_matrix(10, IMPORTANT, IMPORTANT_COST),
+        pixel_mean=(mean,),
+        pixel_std=(std,),
     )
 
 

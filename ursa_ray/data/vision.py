@@ -311,6 +311,8 @@ def _load(
         train_x=train_x,
         train_y=train_y,
         test_x=_normalise(test_images, mean, std),
+        pixel_mean=tuple(mean),
+        pixel_std=tuple(std),
         test_y=test_y,
         ood=ood,
         augment=RandomCropFlip(tuple(-m / s for m, s in zip(mean, std))) if source.kind == "cifar" else None,

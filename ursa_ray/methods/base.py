@@ -2,7 +2,7 @@
 
 A method turns a :class:`Problem` (training tensors already on the trial's device, a likelihood and a
 factory of freshly initialised models) into a *stream of posterior samples*.  Each sample is a
-:data:`Predictor`: a function from an input batch to the network output (class logits, or the
+:data:`Predictor`: an ``nn.Module`` from an input batch to the network output (class logits, or the
 regression mean).  The evaluator consumes each predictor on every evaluation set before asking for the
 next one, so a method may hand out a view of its live parameters and the posterior predictive is
 accumulated online: memory does not grow with the number of samples.
@@ -22,8 +22,10 @@ from typing import Any, Literal, Protocol
 import torch
 from torch import Tensor, nn
 
-Predictor = Callable[[Tensor], Tensor]
-"""Maps an input batch to network outputs; valid only until the next sample is requested."""
+Predictor = nn.Module
+"""A network whose current parameters (or, for dropout methods, its stochastic forward pass) are the sample:
+maps an input batch to network outputs; valid only until the next sample is requested.  The evaluator also
+reads its structure (test-time FLOPs) and briefly stores its weights at lower bit depths."""
 
 
 Reduction = Literal["mean", "sum"]
@@ -177,12 +179,81 @@ class Hyperparameter:
         return f"{self.name} ({self.kind.__name__}{bounds}, default {self.default!r}): {self.doc}{renamed}"
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """A rule between some of a method's hyperparameters that their own ranges cannot express (e.g.
+    ``burn_in_epochs < epochs``), declared by the method next to its hyperparameters.
+
+    ``names`` are the hyperparameters the rule involves and ``rule`` states it in a few words.
+    ``violation(config, n_train)`` returns None when ``config`` (a resolved configuration) satisfies the
+    rule, else a one-line message naming the hyperparameters, what is allowed and the values given.
+    ``n_train`` is the number of examples a trial trains on; None where it is not known (grid validation),
+    and then only the part of the rule that does not depend on it is checked.
+
+    Grid validation evaluates every rule on the resolved configuration of each (method entry, model) pair
+    before any trial, and for a search space at every corner of the searched ``names`` (each end of a
+    range, each value of a choice).  A rule must therefore be monotone in each numeric hyperparameter it
+    involves: holding at the corners of a space then means holding everywhere in it.  A method's
+    ``sample_posterior`` checks the same rules, with ``n_train``, before it trains
+    (:func:`check_constraints`).
+    """
+
+    names: tuple[str, ...]
+    rule: str
+    violation: Callable[[Mapping[str, Any], int | None], str | None]
+
+    def check(self, config: Mapping[str, Any], n_train: int | None = None) -> None:
+        """Raise ValueError with the rule's message when ``config`` violates it."""
+        message = self.violation(config, n_train)
+        if message is not None:
+            raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class StorageCount:
+    """What a method keeps to represent its posterior at test time, in numbers stored.
+
+    ``weights`` are the values that scale with the network (its parameters, SWAG's moments and deviations,
+    a subspace basis), stored at the bit depth under study; ``other_values`` the few others (learned
+    dropout rates, subspace coordinates), counted at 32 bits whatever the bit depth.  Declared by each
+    method next to its hyperparameters as ``posterior_storage(sample, config, n_samples)``, where
+    ``sample`` is one posterior sample (the network a predictor is, with any parameters the method added),
+    ``config`` the resolved configuration and ``n_samples`` the S samples used at test time.
+    """
+
+    weights: int
+    other_values: int = 0
+
+
+StorageDeclaration = Callable[[nn.Module, Mapping[str, Any], int], StorageCount]
+"""``posterior_storage(sample, config, n_samples) -> StorageCount`` (see :class:`StorageCount`)."""
+
+
+def n_parameters(network: nn.Module) -> int:
+    """P: the number of parameters of ``network`` (every ``nn.Parameter`` entry)."""
+    return sum(p.numel() for p in network.parameters())
+
+
+def sample_networks_storage(sample: nn.Module, config: Mapping[str, Any], n_samples: int) -> StorageCount:
+    """S networks: S · P weights, P = parameters of one sample.  The storage of a method that declares
+    no ``posterior_storage``."""
+    return StorageCount(weights=n_samples * n_parameters(sample))
+
+
+def one_network_storage(sample: nn.Module, config: Mapping[str, Any], n_samples: int) -> StorageCount:
+    """One network, whatever S: P weights (a point estimate, or a network whose samples are drawn at
+    prediction time, such as MC dropout's masks)."""
+    return StorageCount(weights=n_parameters(sample))
+
+
 class Method(Protocol):
-    """An approximate-inference method: a name, its hyperparameters and a sample stream."""
+    """An approximate-inference method: a name, its hyperparameters, the constraints between them and a
+    sample stream."""
 
     name: str
     description: str
     hyperparameters: tuple[Hyperparameter, ...]
+    constraints: tuple[Constraint, ...]
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
@@ -192,6 +263,9 @@ class Method(Protocol):
 
     # Optional: ``warm_up(device)`` pays the method's one-off costs in a fresh worker (compiling kernels)
     # before any timed trial; :func:`ursa_ray.trial.warm_up_worker` calls it once per worker process.
+    # Optional: ``posterior_storage(sample, config, n_samples) -> StorageCount`` declares what the method
+    # stores to represent its posterior at test time (:class:`StorageCount`); without it, S networks
+    # (:func:`sample_networks_storage`).  :func:`posterior_storage_count` reads it.
 
 
 BUDGET_KEYS = ("epochs", "n_samples", "batch_size")
@@ -207,6 +281,22 @@ def resolve_config(method: Method, overrides: Mapping[str, Any]) -> dict[str, An
             raise KeyError(name)
         config[name] = declared[name].check(value)
     return config
+
+
+def check_constraints(method: Method, config: Mapping[str, Any], n_train: int | None = None) -> None:
+    """Raise ValueError with the message of the first of ``method``'s constraints that ``config`` violates
+    (``n_train``: the number of training examples, None where unknown; see :class:`Constraint`)."""
+    for constraint in method.constraints:
+        constraint.check(config, n_train)
+
+
+def posterior_storage_count(
+    method: Method, sample: nn.Module, config: Mapping[str, Any], n_samples: int
+) -> StorageCount:
+    """What ``method`` stores for its posterior: its ``posterior_storage`` declaration, else S networks
+    (:func:`sample_networks_storage`)."""
+    declaration: StorageDeclaration = getattr(method, "posterior_storage", sample_networks_storage)
+    return declaration(sample, config, n_samples)
 
 
 def _channels_last(p: Tensor) -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem
+from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, StorageCount, n_parameters
 from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, replace_module, train_adam
 
 _EPS = 1e-7
@@ -119,6 +119,13 @@ def concrete_regulariser(
     return sum(terms) / n_train
 
 
+def concrete_dropout_storage(sample: nn.Module, config: Mapping[str, Any], n_samples: int) -> StorageCount:
+    """One network: its P weights, and the L learned rates (one ``p_logit`` per :class:`ConcreteDropout`
+    slot) as other values; the masks are drawn at prediction time."""
+    rates = sum(1 for m in sample.modules() if isinstance(m, ConcreteDropout))
+    return StorageCount(weights=n_parameters(sample) - rates, other_values=rates)
+
+
 class ConcreteDropoutMethod:
     name = "concrete_dropout"
     description = "concrete dropout: MC dropout with per-layer rates learned through the concrete relaxation"
@@ -132,6 +139,8 @@ class ConcreteDropoutMethod:
         Hyperparameter("length_scale", float, 1.0, "prior length-scale l: weights ~ N(0, 1/l²)", low=0.0),
         Hyperparameter("n_samples", int, 50, "stochastic forward passes", low=1),
     )
+    constraints = ()  # no rule between its hyperparameters beyond their own ranges
+    posterior_storage = staticmethod(concrete_dropout_storage)
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]

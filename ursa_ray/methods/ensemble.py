@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ursa_ray.methods import _training
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
-from ursa_ray.methods.base import Hyperparameter, Likelihood, Predictor, Problem
+from ursa_ray.methods.base import Hyperparameter, Likelihood, Predictor, Problem, sample_networks_storage
 
 
 def bootstrap_problem(problem: Problem) -> Problem:
@@ -79,6 +79,8 @@ class DeepEnsemble:
             low=0.0,
         ),
     )
+    constraints = ()  # no rule between its hyperparameters beyond their own ranges
+    posterior_storage = staticmethod(sample_networks_storage)  # the M = S members
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]

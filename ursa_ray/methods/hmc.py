@@ -35,7 +35,14 @@ import torch
 from torch import Tensor
 
 from ursa_ray.methods._sgmcmc_kernels import FlatModel
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, flat_parameters, load_flat_parameters
+from ursa_ray.methods.base import (
+    Hyperparameter,
+    Predictor,
+    Problem,
+    flat_parameters,
+    load_flat_parameters,
+    sample_networks_storage,
+)
 
 
 def make_potential(
@@ -147,6 +154,8 @@ class HMC:
             "step_jitter", float, 0.1, "ε drawn uniformly from ε·[1 − j, 1 + j] each iteration", low=0.0, high=0.9
         ),
     )
+    constraints = ()  # no rule between its hyperparameters beyond their own ranges
+    posterior_storage = staticmethod(sample_networks_storage)  # the S kept states
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]

@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem
+from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, one_network_storage
 
 
 def set_dropout(model: nn.Module, p: float) -> list[nn.Dropout]:
@@ -33,6 +33,9 @@ class MCDropout:
         Hyperparameter("p", float, 0.2, "dropout rate", low=0.0, high=0.95),
         Hyperparameter("n_samples", int, 20, "stochastic forward passes", low=1),
     )
+    constraints = ()  # no rule between its hyperparameters beyond their own ranges
+    # one network: the rate p is a hyperparameter and the masks are drawn at prediction time
+    posterior_storage = staticmethod(one_network_storage)
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]

@@ -6,13 +6,15 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
-from ursa_ray.methods.base import Predictor, Problem
+from ursa_ray.methods.base import Predictor, Problem, one_network_storage
 
 
 class SGD:
     name = "sgd"
     description = "SGD with momentum; the trained network is the single sample (a point estimate)"
     hyperparameters = SGD_HYPERPARAMETERS
+    constraints = ()  # no rule between its hyperparameters beyond their own ranges
+    posterior_storage = staticmethod(one_network_storage)  # the trained network
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]

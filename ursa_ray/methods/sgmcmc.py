@@ -35,6 +35,11 @@ the live network (a view: consumed before the next step).  ``stats`` gets ``n_sa
 ``grad_evals`` (mini-batch gradient evaluations so far).  A non-finite loss or parameter raises
 FloatingPointError (checked before every sample and at the end of every epoch, or of every few epochs
 when they are shorter than 32 steps).
+
+Constraints.  ``burn_in_epochs < epochs`` and at most one sample per post-burn-in step (SGLD, SGHMC:
+:data:`CHAIN_CONSTRAINTS`), at most one sample per sampling step of a cycle (cSGLD, cSGHMC:
+:data:`CYCLE_CONSTRAINTS`); grid validation checks what it can before any trial, :meth:`_SGMCMC.plan` all
+of them.
 """
 
 from __future__ import annotations
@@ -55,7 +60,14 @@ from ursa_ray.methods._sgmcmc_kernels import (
     momentum_step_,
     warm_up_kernels,
 )
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem
+from ursa_ray.methods.base import (
+    Constraint,
+    Hyperparameter,
+    Predictor,
+    Problem,
+    check_constraints,
+    sample_networks_storage,
+)
 
 
 def _common(lr: float, prior_std: float) -> tuple[Hyperparameter, ...]:
@@ -112,6 +124,73 @@ def _cycles(epochs_per_cycle: int, samples_per_cycle: int) -> tuple[Hyperparamet
     )
 
 
+def _steps_per_epoch(n_train: int, config: Mapping[str, Any]) -> int:
+    """Mini-batches per epoch of ``n_train`` examples (the last one may be smaller)."""
+    return math.ceil(n_train / config["batch_size"])
+
+
+def _cycle(n_train: int, config: Mapping[str, Any]) -> tuple[int, int]:
+    """(steps per cycle, in-cycle index of the first sampling step) of a cyclical sampler."""
+    cycle = config["epochs_per_cycle"] * _steps_per_epoch(n_train, config)
+    return cycle, math.ceil(config["exploration"] * cycle)
+
+
+def _burn_in_below_epochs(config: Mapping[str, Any], n_train: int | None) -> str | None:
+    """The burn-in leaves at least one epoch to sample in (any ``n_train``)."""
+    if config["burn_in_epochs"] < config["epochs"]:
+        return None
+    return f"burn_in_epochs must be below epochs ({config['epochs']}); got burn_in_epochs={config['burn_in_epochs']}"
+
+
+def _samples_fit_after_burn_in(config: Mapping[str, Any], n_train: int | None) -> str | None:
+    """At most one sample per post-burn-in step (checked when ``n_train`` is known)."""
+    if n_train is None:
+        return None
+    per_epoch = _steps_per_epoch(n_train, config)
+    sampling = max(0, config["epochs"] - config["burn_in_epochs"]) * per_epoch
+    if config["n_samples"] <= sampling:
+        return None
+    return (
+        f"n_samples must be at most the {sampling} post-burn-in steps ((epochs − burn_in_epochs) × {per_epoch} "
+        f"steps per epoch of {n_train} examples at batch_size {config['batch_size']}); got n_samples={config['n_samples']}"
+    )
+
+
+def _samples_fit_cycle(config: Mapping[str, Any], n_train: int | None) -> str | None:
+    """At most one sample per sampling step of a cycle (checked when ``n_train`` is known)."""
+    if n_train is None:
+        return None
+    cycle, first_noisy = _cycle(n_train, config)
+    if config["samples_per_cycle"] <= cycle - first_noisy:
+        return None
+    return (
+        f"samples_per_cycle must be at most the {cycle - first_noisy} sampling steps of a cycle ({cycle} steps: "
+        f"epochs_per_cycle × {_steps_per_epoch(n_train, config)} steps per epoch of {n_train} examples at batch_size "
+        f"{config['batch_size']}, the first {first_noisy} noise-free at exploration {config['exploration']}); "
+        f"got samples_per_cycle={config['samples_per_cycle']}"
+    )
+
+
+CHAIN_CONSTRAINTS = (
+    Constraint(("burn_in_epochs", "epochs"), "burn_in_epochs < epochs", _burn_in_below_epochs),
+    Constraint(
+        ("n_samples", "epochs", "burn_in_epochs", "batch_size"),
+        "n_samples ≤ (epochs − burn_in_epochs) · ⌈N / batch_size⌉ (N training examples)",
+        _samples_fit_after_burn_in,
+    ),
+)
+"""SGLD's and SGHMC's rules: a burn-in shorter than the run, and no more samples than post-burn-in steps."""
+
+CYCLE_CONSTRAINTS = (
+    Constraint(
+        ("samples_per_cycle", "epochs_per_cycle", "exploration", "batch_size"),
+        "samples_per_cycle ≤ C − ⌈exploration · C⌉, C = epochs_per_cycle · ⌈N / batch_size⌉ steps per cycle",
+        _samples_fit_cycle,
+    ),
+)
+"""cSGLD's and cSGHMC's rule: no more samples per cycle than the cycle's sampling steps."""
+
+
 class _SGMCMC:
     """One class for the four samplers; ``momentum`` selects SGHMC, ``cyclical`` the cSG variants."""
 
@@ -127,6 +206,8 @@ class _SGMCMC:
         self.name = name
         self.description = description
         self.hyperparameters = hyperparameters
+        self.constraints = CYCLE_CONSTRAINTS if cyclical else CHAIN_CONSTRAINTS
+        self.posterior_storage = sample_networks_storage  # the S kept states
         self.momentum = momentum
         self.cyclical = cyclical
 
@@ -137,31 +218,25 @@ class _SGMCMC:
     def plan(
         self, n_train: int, config: Mapping[str, Any]
     ) -> tuple[int, Callable[[int], float], Callable[[int], bool], list[int]]:
-        """(total steps, step → lr, step → noisy?, sorted 1-based steps after which a sample is taken)."""
-        steps_per_epoch = math.ceil(n_train / config["batch_size"])
+        """(total steps, step → lr, step → noisy?, sorted 1-based steps after which a sample is taken).
+
+        ValueError when ``config`` violates one of the method's constraints for ``n_train`` examples.
+        """
+        check_constraints(self, config, n_train)
+        steps_per_epoch = _steps_per_epoch(n_train, config)
         lr = config["lr"]
         if not self.cyclical:
             epochs, burn_in, n = config["epochs"], config["burn_in_epochs"], config["n_samples"]
-            if burn_in >= epochs:
-                raise ValueError(f"burn_in_epochs ({burn_in}) must be below epochs ({epochs})")
             total = epochs * steps_per_epoch
             sampling = total - burn_in * steps_per_epoch
-            if n > sampling:
-                raise ValueError(f"n_samples ({n}) exceeds the {sampling} post-burn-in steps")
             spacing = sampling // n
             samples = [total - (n - 1 - j) * spacing for j in range(n)]
             schedule = cosine_lr if config["schedule"] == "cosine" else constant_lr
             return total, (lambda k: schedule(lr, k, total)), (lambda k: True), samples
-        cycle = config["epochs_per_cycle"] * steps_per_epoch
+        cycle, first_noisy = _cycle(n_train, config)  # first_noisy: in-cycle index of the first sampling step
         total = config["n_cycles"] * cycle
-        first_noisy = math.ceil(config["exploration"] * cycle)  # in-cycle index of the first sampling step
         sampling = cycle - first_noisy
         per_cycle = config["samples_per_cycle"]
-        if per_cycle > sampling:
-            raise ValueError(
-                f"samples_per_cycle ({per_cycle}) exceeds the {sampling} sampling steps of a cycle "
-                f"({cycle} steps, exploration {config['exploration']})"
-            )
         spacing = min(steps_per_epoch, sampling // per_cycle)
         samples = [
             (c + 1) * cycle - (per_cycle - 1 - j) * spacing
@@ -190,7 +265,7 @@ class _SGMCMC:
         step = 0
         next_sample = 0
         checked = 0  # step of the last finiteness check
-        epochs = total // math.ceil(n_train / config["batch_size"])
+        epochs = total // _steps_per_epoch(n_train, config)
         model.train()
         for epoch in range(epochs):
             for xb, yb in problem.minibatches(config["batch_size"]):

@@ -7,7 +7,9 @@ MacKay 2010).
 2. The last K = ``rank`` iterates, centred on θ̄ and divided by √(K − 1), form the K × P matrix D;
    ``torch.linalg.svd`` gives D = U S Vᵀ and the subspace basis is the top-``rank`` rows of S Vᵀ, i.e.
    principal directions scaled by the trajectory's standard deviation along them (as in Izmailov et
-   al.'s PCA subspace), so ``subspace_prior_std`` is in units of that spread.
+   al.'s PCA subspace), so ``subspace_prior_std`` is in units of that spread.  The method's constraints
+   ask for at least two collected iterates and at least ``rank`` of them (a smaller subspace would be a
+   silent change of the setting).
 3. θ(z) = θ̄ + Bᵀ z with prior z ~ N(0, subspace_prior_std² I) and the tempered full-batch likelihood
    exp((1/T) Σ_i log p(y_i | x_i, θ(z))), T = ``likelihood_temperature``: the target is
    N(z; 0, s² I) · p(D | θ(z))^{1/T}, only the log-likelihood divided by T and the prior untempered (as in
@@ -32,8 +34,24 @@ import torch
 from torch import Tensor, nn
 
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, load_flat_parameters
-from ursa_ray.methods.swag import BN_CHUNK, SWA_HYPERPARAMETERS, fit_swa, refresh_batch_norm
+from ursa_ray.methods.base import (
+    Constraint,
+    Hyperparameter,
+    Predictor,
+    Problem,
+    StorageCount,
+    check_constraints,
+    load_flat_parameters,
+    n_parameters,
+)
+from ursa_ray.methods.swag import (
+    BN_CHUNK,
+    COLLECTS_ITERATES,
+    SWA_HYPERPARAMETERS,
+    collected_iterates,
+    fit_swa,
+    refresh_batch_norm,
+)
 
 MAX_SHRINKS = 200
 """Bracket shrinks after which an ESS step gives up and stays put (the bracket is then ~2π·2⁻²⁰⁰)."""
@@ -133,6 +151,35 @@ def subspace_log_likelihood(
     return log_likelihood
 
 
+def _two_iterates(config: Mapping[str, Any], n_train: int | None) -> str | None:
+    """A PCA of the trajectory needs two iterates (checked when their number is known)."""
+    n = collected_iterates(config, n_train)
+    if n is None or n >= 2:
+        return None
+    return (
+        "swa_epochs and swa_collect_every must collect at least two iterates (a PCA subspace needs two collected "
+        f"iterates); got {n} from swa_epochs={config['swa_epochs']}, swa_collect_every={config['swa_collect_every']}"
+    )
+
+
+def _rank_fits_iterates(config: Mapping[str, Any], n_train: int | None) -> str | None:
+    """The subspace has ``rank`` dimensions only if that many iterates are collected."""
+    n = collected_iterates(config, n_train)
+    if n is None or config["rank"] <= n:
+        return None
+    return (
+        f"rank must be at most the {n} collected iterates (swa_epochs={config['swa_epochs']}, "
+        f"swa_collect_every={config['swa_collect_every']}); got rank={config['rank']}"
+    )
+
+
+def subspace_storage(sample: nn.Module, config: Mapping[str, Any], n_samples: int) -> StorageCount:
+    """The basis B (rank × P) and the mean θ̄ (P) as (rank + 1)·P weights, and the S sample coordinates z
+    (S · rank) as other values (the constraints ensure the basis has ``rank`` rows)."""
+    rank = config["rank"]
+    return StorageCount(weights=(rank + 1) * n_parameters(sample), other_values=n_samples * rank)
+
+
 class PCAESS:
     name = "pca_ess"
     description = (
@@ -160,14 +207,31 @@ class PCAESS:
             Hyperparameter("n_samples", int, 30, "ESS steps kept, one sample each", low=1),
         )
     )
+    # The number of collected iterates is not monotone in swa_collect_every (0 collects once per epoch) but is
+    # smallest at an end of any range of it, so checking a search space's corners still suffices.
+    constraints = (
+        COLLECTS_ITERATES,
+        Constraint(
+            ("swa_epochs", "swa_collect_every", "batch_size"),
+            "at least two collected iterates: swa_epochs ≥ 2 (swa_collect_every = 0), else "
+            "⌊swa_epochs · ⌈N / batch_size⌉ / swa_collect_every⌋ ≥ 2",
+            _two_iterates,
+        ),
+        Constraint(
+            ("rank", "swa_epochs", "swa_collect_every", "batch_size"),
+            "rank ≤ collected iterates: swa_epochs (swa_collect_every = 0), else "
+            "⌊swa_epochs · ⌈N / batch_size⌉ / swa_collect_every⌋",
+            _rank_fits_iterates,
+        ),
+    )
+    posterior_storage = staticmethod(subspace_storage)
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
     ) -> Iterator[Predictor]:
+        check_constraints(self, config, problem.n_train)
         rank = config["rank"]
         model, moments = fit_swa(problem, config, stats, max(rank, 2), "final")
-        if moments.n_stored < 2:
-            raise ValueError("PCA subspace needs at least two collected iterates (raise swa_epochs)")
         dtype = next(model.parameters()).dtype
         deviations = moments.deviation_matrix()  # a fresh K × P tensor (iterates − θ̄)
         deviations /= math.sqrt(moments.n_stored - 1)

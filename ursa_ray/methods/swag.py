@@ -41,11 +41,16 @@ from torch import Tensor, nn
 
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS, check_finite, train_sgd
 from ursa_ray.methods.base import (
+    Constraint,
     Hyperparameter,
     Predictor,
     Problem,
+    StorageCount,
+    check_constraints,
     flat_parameters,
     load_flat_parameters,
+    n_parameters,
+    one_network_storage,
 )
 
 BN_CHUNK = 1024
@@ -58,6 +63,40 @@ SWA_HYPERPARAMETERS = (
         "swa_collect_every", int, 0, "collect an iterate every k optimiser steps; 0 = once per epoch", low=0
     ),
 )
+
+
+def collection_steps(config: Mapping[str, Any], n_train: int) -> int:
+    """Optimiser steps of the collection phase: swa_epochs · ⌈n_train / batch_size⌉."""
+    return config["swa_epochs"] * math.ceil(n_train / config["batch_size"])
+
+
+def collected_iterates(config: Mapping[str, Any], n_train: int | None) -> int | None:
+    """Iterates the collection phase collects: ``swa_epochs`` (once per epoch), or one every
+    ``swa_collect_every`` of its steps; None when that depends on an unknown ``n_train``."""
+    every = config["swa_collect_every"]
+    if not every:
+        return config["swa_epochs"]
+    return None if n_train is None else collection_steps(config, n_train) // every
+
+
+def _collect_every_fits(config: Mapping[str, Any], n_train: int | None) -> str | None:
+    """An iterate every k steps collects something (checked when ``n_train`` is known)."""
+    every = config["swa_collect_every"]
+    if not every or n_train is None or every <= collection_steps(config, n_train):
+        return None
+    return (
+        f"swa_collect_every must be 0 or at most the {collection_steps(config, n_train)} steps of the collection "
+        f"phase (swa_epochs × {math.ceil(n_train / config['batch_size'])} steps per epoch of {n_train} examples at "
+        f"batch_size {config['batch_size']}); got swa_collect_every={every}: nothing collected"
+    )
+
+
+COLLECTS_ITERATES = Constraint(
+    ("swa_collect_every", "swa_epochs", "batch_size"),
+    "swa_collect_every = 0 or swa_collect_every ≤ swa_epochs · ⌈N / batch_size⌉ (N training examples)",
+    _collect_every_fits,
+)
+"""The collection phase collects at least one iterate (SWA, SWAG, and subspace inference)."""
 
 RANK = Hyperparameter("rank", int, 20, "K: number of most recent deviations kept (rank of the low-rank part)", low=0)
 
@@ -207,7 +246,10 @@ def collect_iterates(
     ``config``), calling ``collect(flat weights)`` once per epoch or every ``swa_collect_every`` steps.
 
     Returns the number of iterates collected; adds the optimiser steps to ``stats['grad_evals']``.
+    ValueError, before any step, when ``swa_collect_every`` exceeds the phase's steps
+    (:data:`COLLECTS_ITERATES`).
     """
+    COLLECTS_ITERATES.check(config, problem.n_train)
     optimiser = torch.optim.SGD(
         model.parameters(), lr=config["swa_lr"], momentum=config["momentum"], weight_decay=config["weight_decay"]
     )
@@ -231,10 +273,6 @@ def collect_iterates(
             collect(flat_parameters(model))
             collected += 1
     stats["grad_evals"] = stats.get("grad_evals", 0.0) + step
-    if collected == 0:
-        raise ValueError(
-            f"swa_collect_every={every} exceeds the {step} steps of the collection phase: nothing collected"
-        )
     return collected
 
 
@@ -272,6 +310,18 @@ def fit_swa(
 # ----------------------------------------------------------------------------------------------------
 
 
+def swag_storage(sample: nn.Module, config: Mapping[str, Any], n_samples: int) -> StorageCount:
+    """The Gaussian, whatever S: θ̄, σ² and K' deviations, (2 + K')·P weights.
+
+    K' = min(``rank``, iterates collected), or ``rank`` where the count of iterates depends on the unknown
+    training-set size (``swa_collect_every`` > 0: an upper bound); K' = 0 below two (SWAG-diagonal draws
+    use θ̄ and σ² alone).
+    """
+    collected = collected_iterates(config, None)
+    deviations = config["rank"] if collected is None else min(config["rank"], collected)
+    return StorageCount(weights=(2 + (deviations if deviations >= 2 else 0)) * n_parameters(sample))
+
+
 class SWAG:
     name = "swag"
     description = (
@@ -296,10 +346,13 @@ class SWAG:
             Hyperparameter("n_samples", int, 30, "SWAG draws", low=1),
         )
     )
+    constraints = (COLLECTS_ITERATES,)
+    posterior_storage = staticmethod(swag_storage)
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
     ) -> Iterator[Predictor]:
+        check_constraints(self, config, problem.n_train)
         model, moments = fit_swa(problem, config, stats, config["rank"], "running")
         model.eval()
         for s in range(config["n_samples"]):
@@ -315,10 +368,13 @@ class SWA:
     name = "swa"
     description = "SWA: the average θ̄ of constant-rate SGD iterates as a single sample (batch norm refreshed)"
     hyperparameters = SGD_HYPERPARAMETERS + SWA_HYPERPARAMETERS
+    constraints = (COLLECTS_ITERATES,)
+    posterior_storage = staticmethod(one_network_storage)  # the mean θ̄
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
     ) -> Iterator[Predictor]:
+        check_constraints(self, config, problem.n_train)
         model, moments = fit_swa(problem, config, stats, 0, "running")
         load_flat_parameters(model, moments.mean.to(next(model.parameters()).dtype))
         refresh_batch_norm(model, problem)

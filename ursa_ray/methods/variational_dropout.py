@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem
+from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, one_network_storage
 from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, replace_module, train_adam
 
 K1, K2, K3 = 0.63576, 1.87320, 1.48695
@@ -79,6 +79,9 @@ class VariationalDropoutMethod:
         Hyperparameter("kl_warmup", float, 0.2, "share of training over which β ramps up from 0", low=0.0, high=1.0),
         Hyperparameter("n_samples", int, 50, "stochastic forward passes", low=1),
     )
+    constraints = ()  # no rule between its hyperparameters beyond their own ranges
+    # one network whose parameters are θ, the biases and a learned log σ² per weight of every Linear layer
+    posterior_storage = staticmethod(one_network_storage)
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]

@@ -2,15 +2,23 @@
 
 A :class:`ResultsCallback` on the driver writes every trial's rows as soon as Tune reports it complete (or
 errored), so an interrupted run keeps everything that finished; a rerun skips finished trial ids.
+
+Ctrl-C (SIGINT) is ours, not Tune's (:class:`Interrupt`): the first asks every phase to stop (the
+:class:`RunStopper` ends the running Tune experiment at its next step, trials that did not finish are not
+recorded, no later cell or phase starts), a second aborts at once, though never in the middle of writing
+a trial's rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,10 +28,14 @@ import pandas as pd
 os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # a retried or failed trial is one line of ours
+# A failed search trial reports no selection metric (it has none): an ordinary outcome, recorded as failed and
+# told to the searcher as pruned (see ursa_ray.tune.search), not a reason for Tune to abort the whole run.
+os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
 
 import ray  # noqa: E402
 from ray import cloudpickle, tune  # noqa: E402
 from ray.tune.search import Searcher  # noqa: E402
+from ray.tune.stopper import NoopStopper  # noqa: E402
 
 from ursa_ray.grid import Grid, GridError  # noqa: E402
 from ursa_ray.results import Location, ResultsDirectory  # noqa: E402
@@ -99,28 +111,158 @@ def check_cluster_fits(grid: Grid) -> None:
 
 @dataclass
 class RunSummary:
+    """What a run did.  ``planned``/``skipped`` count final-phase trials; ``finished``, ``failed`` (id, error)
+    and ``early_stopped`` hold the trial ids of both phases recorded by this run."""
+
     planned: int = 0
     skipped: int = 0
     finished: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
     early_stopped: list[str] = field(default_factory=list)
+    recorded: dict[str, int] = field(default_factory=lambda: {"search": 0, "final": 0})
+    search_failed: list[str] = field(default_factory=list)
+    """Search trials (ids) that failed: recorded, never selected."""
+    failed_cells: list[tuple[str, str]] = field(default_factory=list)
+    """(cell, why) for cells whose search left no configuration to select: their final phase was not run."""
+    budget_stopped: list[str] = field(default_factory=list)
+    """Cells whose search this run ended by spending its compute budget."""
+    interrupted: bool = False
+    unfinished_search: int = 0
+    """Search trials that were running when Ctrl-C stopped the run (not recorded: a rerun replaces them)."""
 
     @property
     def incomplete(self) -> int:
-        return self.planned - self.skipped - len(self.finished) - len(self.failed) - len(self.early_stopped)
+        """Trials that did not finish: final trials planned but not recorded, and interrupted search trials."""
+        return self.planned - self.skipped - self.recorded["final"] + self.unfinished_search
+
+
+class Interrupt:
+    """Ctrl-C during a run.  The first SIGINT only sets a flag: the running Tune experiment stops at its next
+    step (:class:`RunStopper`), and no later cell or phase starts.  A second SIGINT raises KeyboardInterrupt,
+    deferred while a trial's rows are being written (:meth:`critical`), so no file is ever half-written."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.announced = False
+        self._critical = 0
+        self._abort_pending = False
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    def __reduce__(self) -> tuple:  # Tune pickles its run config (stopper included): a copy is a fresh Interrupt
+        return (Interrupt, ())
+
+    @contextlib.contextmanager
+    def catching(self) -> Iterator[Interrupt]:
+        """Handle SIGINT (main thread only) instead of Tune, whose own handler would end one experiment and
+        let the driver carry on to the next cell and phase."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = signal.getsignal(signal.SIGINT)
+        tune_handler = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+        os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+        signal.signal(signal.SIGINT, self._handle)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            if tune_handler is None:
+                os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+            else:
+                os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = tune_handler
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.event.is_set():
+            self.event.set()  # nothing printed here: a handler must not write to a stream the driver may be using
+            return
+        if self._critical:
+            self._abort_pending = True
+            return
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def critical(self) -> Iterator[None]:
+        """A block a second Ctrl-C does not cut short (writing one trial's rows)."""
+        self._critical += 1
+        try:
+            yield
+        finally:
+            self._critical -= 1
+            if self._abort_pending and not self._critical:
+                self._abort_pending = False
+                raise KeyboardInterrupt
+
+
+class RunStopper(tune.Stopper):
+    """Ends a Tune experiment when Ctrl-C was pressed, or (search phase) when the cell's compute budget is spent.
+
+    Tune asks :meth:`stop_all` at every step of its loop (about every 0.1 s), so the budget is checked while
+    trials run, counting their reserved seconds so far (:meth:`ResultsCallback.reserved`)."""
+
+    def __init__(self, interrupt: Interrupt, echo: Echo, budget: Any = None):
+        self.interrupt, self.echo, self.budget = interrupt, echo, budget
+        self.callback: ResultsCallback | None = None
+        self.reason: str | None = None  # "interrupt" or "budget" once it stopped the experiment
+        self.stopped_at: float | None = None
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return False
+
+    def __reduce__(self) -> tuple:
+        """Tune's experiment-state snapshots pickle the run config, this stopper with it (its echo and live
+        callback cannot be pickled).  ursa-ray never restores a Tune experiment (a rerun resumes from its own
+        results), so a snapshot holds a stopper that never stops."""
+        return (NoopStopper, ())
+
+    def stop_all(self) -> bool:
+        if self.reason is not None:
+            return True
+        now = time.time()
+        if self.interrupt.is_set():
+            self.reason, self.stopped_at = "interrupt", now
+            if not self.interrupt.announced:
+                self.interrupt.announced = True
+                self.echo("interrupted: stopping; finished trials are kept, running ones are not recorded "
+                          "(Ctrl-C again to abort at once)")
+        elif self.budget is not None and self.callback is not None and self.budget.exhausted(self.callback.reserved(now)):
+            self.reason, self.stopped_at = "budget", now
+        return self.reason is not None
 
 
 class ResultsCallback(tune.Callback):
-    """Writes each trial's rows when Tune reports it finished or errored, and prints one line per trial."""
+    """Writes each trial's rows when Tune reports it finished or errored, and prints one line per trial.
 
-    def __init__(self, results: ResultsDirectory, resources: dict[str, float], summary: RunSummary, echo: Echo, total: int):
+    Trials still running when the experiment ends are settled in :meth:`on_experiment_end`: cut short by a
+    search's compute budget, they are recorded as early_stopped with the compute they used; stopped by Ctrl-C,
+    they are not recorded (a rerun replaces them)."""
+
+    def __init__(
+        self,
+        results: ResultsDirectory,
+        resources: dict[str, float],
+        summary: RunSummary,
+        echo: Echo,
+        total: int | None,
+        stopper: RunStopper | None = None,
+    ):
         self.results = results
         self.resources = resources
         self.summary = summary
         self.echo = echo
         self.total = total
+        self.stopper = stopper
         self.started: dict[str, float] = {}
+        self.recorded: set[str] = set()
+        self.reserved_recorded = (0.0, 0.0)  # reserved CPU- and GPU-seconds of the trials recorded so far
         self.done = 0
+
+    def reserved(self, now: float) -> tuple[float, float]:
+        """Reserved CPU- and GPU-seconds of this experiment's trials: those recorded plus those running until ``now``."""
+        running = sum(max(0.0, now - t) for tid, t in self.started.items() if tid not in self.recorded)
+        cpu, gpu = self.reserved_recorded
+        return cpu + self.resources.get("CPU", 0.0) * running, gpu + self.resources.get("GPU", 0.0) * running
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.started.setdefault(trial.trial_id, time.time())
@@ -129,8 +271,25 @@ class ResultsCallback(tune.Callback):
         self._record(trial, error=None)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self.stopper is not None and self.stopper.interrupt.is_set():
+            return  # a worker lost to Ctrl-C is an interrupted trial, not a failed one: a rerun runs it
         error = trial.get_error()
         self._record(trial, error=f"{type(error).__name__}: {error}" if error else "the trial's worker failed")
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        """Settle the trials that were running when the experiment stopped (Tune calls no per-trial hook then)."""
+        stopper = self.stopper
+        for trial in trials:
+            if trial.trial_id in self.recorded or trial.trial_id not in self.started:
+                continue  # recorded, or never started (nothing reserved)
+            last = trial.last_result or {}
+            if last.get("status") in ("ok", "failed") and trial.checkpoint is not None:
+                self._record(trial, error=None)  # it had reported its outcome: record it as it is
+            elif stopper is not None and stopper.reason == "budget":
+                budget = stopper.budget.describe() if stopper.budget is not None else "budget"
+                self._record(trial, error=None, stopped_at=stopper.stopped_at, why=f"cut short by the search's {budget}")
+            elif trial.config.get("hp"):  # a search trial stopped by Ctrl-C (final ones count in RunSummary.incomplete)
+                self.summary.unfinished_search += 1
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """The trial's worker (or its node) died and Tune retries it (``max_failures`` in the grid)."""
@@ -145,10 +304,12 @@ class ResultsCallback(tune.Callback):
         failures = f"{trial.run_metadata.num_failures}/{trial.max_failures}"
         self.echo(f"retry {failures} {spec['phase']:6s} {_where(spec)}: {reason}")
 
-    def _record(self, trial: Any, error: str | None) -> None:
+    def _record(self, trial: Any, error: str | None, stopped_at: float | None = None, why: str = "") -> None:
+        if trial.trial_id in self.recorded:
+            return
         spec = trial_spec(trial)
-        finished = time.time()
-        started = self.started.get(trial.trial_id, finished)
+        finished = stopped_at or time.time()
+        started = min(self.started.get(trial.trial_id, finished), finished)
         wall = finished - started
         record: dict[str, Any] = {}
         metrics = points = []
@@ -167,9 +328,9 @@ class ResultsCallback(tune.Callback):
         elif error is not None:
             status = "failed"
             record = {"error": error, "cpu_s": last.get("cpu_s", math.nan)}
-        else:
+        else:  # stopped before its end: by ASHA, or cut short by the search's compute budget (``why``)
             status = "early_stopped"
-            record = {"cpu_s": last.get("cpu_s", math.nan), "train_s": last.get("train_s", math.nan)}
+            record = {"cpu_s": last.get("cpu_s", math.nan), "train_s": last.get("train_s", math.nan), "error": why}
             metrics = [
                 {**_metric_base(spec), "eval_set": "validation", "metric": k[4:], "value": float(v)}
                 for k, v in last.items()
@@ -204,14 +365,22 @@ class ResultsCallback(tune.Callback):
             "started_at": started,
             "finished_at": finished,
         }
-        self.results.add(row, metrics, points, predictions)
+        interrupt = self.stopper.interrupt if self.stopper is not None else None
+        with interrupt.critical() if interrupt is not None else contextlib.nullcontext():
+            self.results.add(row, metrics, points, predictions)
+            self.recorded.add(trial.trial_id)
+        cpu, gpu = self.reserved_recorded
+        self.reserved_recorded = (cpu + row["reserved_cpu_s"], gpu + row["reserved_gpu_s"])
         self.done += 1
+        self.summary.recorded[spec["phase"]] = self.summary.recorded.get(spec["phase"], 0) + 1
         if status == "ok":
             self.summary.finished.append(spec["trial_id"])
         elif status == "early_stopped":
             self.summary.early_stopped.append(spec["trial_id"])
         else:
             self.summary.failed.append((spec["trial_id"], row["error"]))
+            if spec["phase"] == "search":
+                self.summary.search_failed.append(spec["trial_id"])
         self.echo(_progress_line(self.done, self.total, spec, status, row, metrics))
 
 
@@ -238,17 +407,19 @@ def _where(spec: dict[str, Any]) -> str:
     return where + f" seed={spec['seed']}"
 
 
-def _progress_line(done: int, total: int, spec: dict[str, Any], status: str, row: dict[str, Any], metrics: list) -> str:
+def _progress_line(done: int, total: int | None, spec: dict[str, Any], status: str, row: dict[str, Any], metrics: list) -> str:
     where = _where(spec)
+    count = f"[{done}]" if total is None else f"[{done}/{total}]"  # a budgeted search has no fixed count
     if status == "failed":
-        return f"[{done}/{total}] FAILED {spec['phase']:6s} {where}: {row['error']}"
+        return f"{count} FAILED {spec['phase']:6s} {where}: {row['error']}"
     wanted = {("test", "accuracy"), ("test", "nll"), ("test", "rmse_truth"), ("test", "coverage_95_epistemic"), ("validation", "nll")}
     shown = " ".join(
         f"{'val_' if m['eval_set'] == 'validation' else ''}{m['metric']}={m['value']:.3f}"
         for m in metrics
         if (m["eval_set"], m["metric"]) in wanted
     )
-    return f"[{done}/{total}] {status:6s} {spec['phase']:6s} {where}  {shown}  {row['wall_s']:.1f}s"
+    why = f"  ({row['error']})" if row["error"] else ""
+    return f"{count} {status:6s} {spec['phase']:6s} {where}  {shown}  {row['wall_s']:.1f}s{why}"
 
 
 class SpecQueue(Searcher):
@@ -281,15 +452,20 @@ def run_trials(
     experiment: str,
     summary: RunSummary,
     echo: Echo,
+    interrupt: Interrupt | None = None,
     tune_config: tune.TuneConfig | None = None,
     param_space: dict[str, Any] | None = None,
-    stop: Any = None,
-) -> None:
+    budget: Any = None,
+    total: int | None = None,
+) -> RunStopper:
     """Run trials on Ray Tune: one per spec (handed out by :class:`SpecQueue`) or a search given
-    ``param_space``."""
+    ``param_space`` (``total`` trials at most, shown in the progress lines; ``budget``, a
+    :class:`~ursa_ray.tune.search.ComputeBudget`, ends it early).  Returns the stopper, whose ``reason`` says
+    whether Ctrl-C or the budget ended the experiment."""
     resources = trial_resources(grid)
-    total = len(specs) if param_space is None else (tune_config.num_samples if tune_config else 1)
-    callback = ResultsCallback(results, resources, summary, echo, total)
+    stopper = RunStopper(interrupt or Interrupt(), echo, budget)
+    callback = ResultsCallback(results, resources, summary, echo, len(specs) if param_space is None else total, stopper)
+    stopper.callback = callback
     trainable = tune.with_resources(run_ursa_trial, tune.PlacementGroupFactory([resources]))
     if param_space is None:
         param_space = {}
@@ -312,39 +488,50 @@ def run_trials(
             verbose=0,
             callbacks=[callback],
             failure_config=tune.FailureConfig(max_failures=grid.max_failures),
-            stop=stop,
+            stop=stopper,
         ),
     )
     tuner.fit()
+    return stopper
 
 
 def run_grid(grid: Grid, out_dir: str | Path | Location, address: str | None = None, echo: Echo = print) -> RunSummary:
     """Run the grid's search phase (if any) and final phase; resume what an earlier run left unfinished.
 
-    ``out_dir``: a local folder or an object-store URI (``s3://bucket/prefix``; see :class:`Location`)."""
-    connect(address)
-    check_cluster_fits(grid)
-    out = Location.parse(out_dir)
-    results = ResultsDirectory(out)
-    (out / "grid.yaml").write_text(Path(grid.path).read_text())
-    summary = RunSummary()
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    overrides: dict[str, dict[str, Any]] = {}
-    if grid.search is not None:
-        from ursa_ray.tune.search import run_search_phase
+    Ctrl-C stops the run where it is (``summary.interrupted``): no later search cell and no final phase
+    starts.  A cell whose search left nothing to select (every search trial failed) has no final trials.
 
-        overrides = run_search_phase(grid, results, summary, echo, stamp)
-    specs = grid.trial_specs("final", overrides)
-    done = results.finished_ids()
-    todo = [s for s in specs if s["trial_id"] not in done]
-    summary.planned += len(specs)
-    summary.skipped += len(specs) - len(todo)
-    resources = ", ".join(f"{k}={v:g}" for k, v in trial_resources(grid).items())
-    cluster = ray.cluster_resources()
-    echo(
-        f"final phase: {len(specs)} trials ({len(specs) - len(todo)} already finished) with {resources} each "
-        f"on Ray ({cluster.get('CPU', 0):g} CPUs, {cluster.get('GPU', 0):g} GPUs) -> {out}"
-    )
-    if todo:
-        run_trials(todo, grid, results, f"final-{stamp}", summary, echo)
-    return summary
+    ``out_dir``: a local folder or an object-store URI (``s3://bucket/prefix``; see :class:`Location`)."""
+    interrupt = Interrupt()
+    with interrupt.catching():
+        connect(address)
+        check_cluster_fits(grid)
+        out = Location.parse(out_dir)
+        results = ResultsDirectory(out)
+        (out / "grid.yaml").write_text(Path(grid.path).read_text())
+        summary = RunSummary()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        overrides: dict[str, dict[str, Any]] = {}
+        if grid.search is not None:
+            from ursa_ray.tune.search import run_search_phase
+
+            overrides = run_search_phase(grid, results, summary, echo, stamp, interrupt)
+        if interrupt.is_set():
+            summary.interrupted = True
+            return summary
+        not_run = {cell for cell, _ in summary.failed_cells}
+        specs = [s for s in grid.trial_specs("final", overrides) if s["cell"] not in not_run]
+        done = results.finished_ids()
+        todo = [s for s in specs if s["trial_id"] not in done]
+        summary.planned += len(specs)
+        summary.skipped += len(specs) - len(todo)
+        resources = ", ".join(f"{k}={v:g}" for k, v in trial_resources(grid).items())
+        cluster = ray.cluster_resources()
+        echo(
+            f"final phase: {len(specs)} trials ({len(specs) - len(todo)} already finished) with {resources} each "
+            f"on Ray ({cluster.get('CPU', 0):g} CPUs, {cluster.get('GPU', 0):g} GPUs) -> {out}"
+        )
+        if todo:
+            run_trials(todo, grid, results, f"final-{stamp}", summary, echo, interrupt)
+        summary.interrupted = interrupt.is_set()
+        return summary

@@ -5,18 +5,32 @@ configurations (random search, or Optuna's TPE through ``OptunaSearch``), runs e
 trial (trained on the training set less a seeded validation split, scored on that split only: the test
 set is never evaluated), optionally stops poor ones early with ASHA on the running validation metric,
 and stops when the cell's trial count or its compute budget (reserved CPU- or GPU-seconds) is spent.
-The best configuration goes on to the final phase.  A resumed run counts the search trials already
-recorded and only runs the rest.
+The best configuration of the trials that ran to their end goes on to the final phase.
+
+- A failed search trial (a diverging configuration, say) is recorded as failed with its compute, told to
+  the searcher as pruned (worse than any finished configuration), and never selected.  A cell whose
+  search trials all failed has no final phase (``RunSummary.failed_cells``).
+- The budget counts the cell's recorded search trials (every status, earlier runs included) and the
+  reserved seconds of the trials running now, checked at every step of Tune's loop; when it is spent the
+  search stops, and the running trials are recorded as early_stopped with the compute they used.
+- A resumed run counts the finished (ok or early_stopped) search trials as done, not the failed ones,
+  replays every recorded trial to TPE, and seeds the searcher with the number of recorded trials, so it
+  neither repeats finished trials nor redraws configurations already evaluated.  Once a cell's final phase
+  has started its search is closed: a rerun keeps the configuration its final trials ran with (a new best
+  would give the cell a second set of final trials, whose ids depend on the configuration).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from ray import tune
+from ray.tune.search.optuna import OptunaSearch
 
 from ursa_ray.grid import Grid, cell_key
 from ursa_ray.results import ResultsDirectory
@@ -28,40 +42,58 @@ DISTRIBUTIONS = {
     "choice": lambda d: tune.choice(d["values"]),
 }
 
+FINISHED = ("ok", "early_stopped")
 
-class ComputeBudget(tune.Stopper):
-    """Stops a cell's search once its recorded trials have used the reserved CPU/GPU-second budget."""
 
-    def __init__(self, results: ResultsDirectory, cell: str, cpu_seconds: float | None, gpu_seconds: float | None):
-        self.results, self.cell = results, cell
-        self.cpu_seconds, self.gpu_seconds = cpu_seconds, gpu_seconds
+@dataclass
+class ComputeBudget:
+    """A cell's search budget in reserved CPU- and GPU-seconds; ``spent_before``: what its recorded search trials
+    (of earlier runs, every status) already used."""
 
-    def spent(self) -> tuple[float, float]:
-        trials = self.results.tables["trials"]
-        rows = trials[(trials["phase"] == "search") & (trials["cell"] == self.cell)] if not trials.empty else trials
-        if rows.empty:
-            return 0.0, 0.0
-        return float(rows["reserved_cpu_s"].sum()), float(rows["reserved_gpu_s"].sum())
+    cpu_seconds: float | None
+    gpu_seconds: float | None
+    spent_before: tuple[float, float] = (0.0, 0.0)
 
-    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
-        return False
+    @property
+    def active(self) -> bool:
+        return self.cpu_seconds is not None or self.gpu_seconds is not None
 
-    def stop_all(self) -> bool:
-        cpu, gpu = self.spent()
+    def exhausted(self, spent_now: tuple[float, float] = (0.0, 0.0)) -> bool:
+        """Whether earlier trials plus ``spent_now`` (this run's trials, recorded and running) reach a limit."""
+        cpu, gpu = self.spent_before[0] + spent_now[0], self.spent_before[1] + spent_now[1]
         return (self.cpu_seconds is not None and cpu >= self.cpu_seconds) or (
             self.gpu_seconds is not None and gpu >= self.gpu_seconds
         )
 
+    def describe(self) -> str:
+        limits = [f"{k} {v:g}" for k, v in (("cpu_seconds", self.cpu_seconds), ("gpu_seconds", self.gpu_seconds)) if v is not None]
+        return " / ".join(limits) + " budget"
 
-def best_config(results: ResultsDirectory, cell: str, metric: str, mode: str) -> tuple[dict[str, Any], float] | None:
-    """The configuration of the cell's search trial with the best selection metric, and that value."""
+
+def search_rows(results: ResultsDirectory, cell: str) -> pd.DataFrame:
+    """The cell's recorded search trials (every status)."""
     trials = results.tables["trials"]
     if trials.empty:
+        return trials
+    return trials[(trials["phase"] == "search") & (trials["cell"] == cell)]
+
+
+def _selection_value(row: Any, metric: str) -> float:
+    value = json.loads(row.selection or "{}").get(metric, math.nan)
+    return float(value) if value is not None else math.nan
+
+
+def best_config(results: ResultsDirectory, cell: str, metric: str, mode: str) -> tuple[dict[str, Any], float] | None:
+    """The configuration of the cell's search trial with the best selection metric, and that value.
+
+    Only trials that ran to their end (status ok) with a finite value are candidates: a failed trial never is,
+    nor one stopped early (by ASHA or cut short by the budget), whose last figure comes from a shorter run."""
+    rows = search_rows(results, cell)
+    if rows.empty:
         return None
-    rows = trials[(trials["phase"] == "search") & (trials["cell"] == cell) & (trials["status"] != "failed")]
     best = None
-    for row in rows.itertuples():
-        value = json.loads(row.selection or "{}").get(metric, math.nan)
+    for row in rows[rows["status"] == "ok"].itertuples():
+        value = _selection_value(row, metric)
         if not np.isfinite(value):
             continue
         if best is None or (value < best[1] if mode == "min" else value > best[1]):
@@ -69,8 +101,51 @@ def best_config(results: ResultsDirectory, cell: str, metric: str, mode: str) ->
     return best
 
 
-def run_search_phase(grid: Grid, results: ResultsDirectory, summary: Any, echo: Any, stamp: str) -> dict[str, dict[str, Any]]:
-    """Search every cell that has a search space; return {cell key: best hyperparameters}."""
+def final_config(results: ResultsDirectory, cell: str, space: dict[str, Any]) -> dict[str, Any] | None:
+    """The searched hyperparameters the cell's final trials ran with (its latest), None before its final phase."""
+    trials = results.tables["trials"]
+    if trials.empty:
+        return None
+    rows = trials[(trials["phase"] == "final") & (trials["cell"] == cell)]
+    if rows.empty:
+        return None
+    config = json.loads(rows.sort_values("finished_at")["config"].iloc[-1])
+    return {name: config[name] for name in space if name in config}
+
+
+def searcher_history(rows: pd.DataFrame, space: dict[str, Any], metric: str) -> list[tuple[dict[str, Any], float | None, str]]:
+    """Recorded search trials as (parameters as the searcher names them, value, state) for :class:`UrsaOptunaSearch`:
+    ok with a finite value -> complete; failed, early-stopped or without a finite value -> pruned (the value,
+    if any, as its last intermediate value)."""
+    history = []
+    for row in rows.itertuples():
+        config = json.loads(row.config)
+        params = {f"hp/{name}": config[name] for name in space}
+        value = _selection_value(row, metric)
+        finite = bool(np.isfinite(value))
+        state = "complete" if row.status == "ok" and finite else "pruned"
+        history.append((params, value if finite else None, state))
+    return history
+
+
+def search_plan(rows: pd.DataFrame, settings: Any) -> tuple[int | None, int, ComputeBudget]:
+    """A cell's search from its recorded search trials ``rows``: (trials still to run, None when only a budget
+    limits it; trials finished, ok or early-stopped; its budget, with what every recorded trial used).
+
+    Failed trials are not counted as done (a rerun runs others in their place), but their compute is spent."""
+    finished = int(rows["status"].isin(FINISHED).sum()) if not rows.empty else 0
+    spent = (float(rows["reserved_cpu_s"].sum()), float(rows["reserved_gpu_s"].sum())) if not rows.empty else (0.0, 0.0)
+    budget = ComputeBudget(settings.cpu_seconds, settings.gpu_seconds, spent)
+    n_trials = settings.n_trials  # None: only a budget was given, no trial count is planned
+    return (None if n_trials is None else max(0, n_trials - finished)), finished, budget
+
+
+def run_search_phase(
+    grid: Grid, results: ResultsDirectory, summary: Any, echo: Any, stamp: str, interrupt: Any = None
+) -> dict[str, dict[str, Any]]:
+    """Search every cell that has a search space; return {cell key: best hyperparameters}.
+
+    Stops at once (returns what it has) when ``interrupt`` is set: the caller then runs no final phase."""
     from ursa_ray.tune.runner import run_trials
 
     settings = grid.search
@@ -80,39 +155,77 @@ def run_search_phase(grid: Grid, results: ResultsDirectory, summary: Any, echo: 
         method = cell["method"]
         if not method.search_space:
             continue
+        if interrupt is not None and interrupt.is_set():
+            break
         key = cell_key(cell)
+        pinned = final_config(results, key, method.search_space)
+        if pinned is not None:  # closed: a new best now would give the cell a second set of final trials
+            overrides[key] = pinned
+            echo(f"search phase: {key}: closed (its final phase has started) with {pinned}")
+            continue
         base = grid.spec_for(cell, grid.seeds[0], "search", {})
-        trials = results.tables["trials"]
-        done = 0 if trials.empty else int(((trials["phase"] == "search") & (trials["cell"] == key)).sum())
-        budget = ComputeBudget(results, key, settings.cpu_seconds, settings.gpu_seconds)
-        remaining = settings.n_trials - done
-        if remaining > 0 and not budget.stop_all():
-            echo(f"search phase: {key}: {remaining} trial(s) ({done} already recorded), {settings.algorithm}, metric {settings.metric}")
+        rows = search_rows(results, key)
+        remaining, finished, budget = search_plan(rows, settings)
+        spent = budget.spent_before
+        if (remaining is None or remaining > 0) and not budget.exhausted():
+            plan = [] if remaining is None else [f"{remaining} trial(s)"]
+            if budget.active:
+                plan.append(f"until its {budget.describe()} is spent ({spent[0]:.1f} CPU-s, {spent[1]:.1f} GPU-s used)")
+            echo(
+                f"search phase: {key}: {' or '.join(plan)} ({finished} already finished), {settings.algorithm}"
+                f"{', asha' if settings.scheduler == 'asha' else ''}, metric {settings.metric}"
+            )
             space = {name: DISTRIBUTIONS[d["type"]](d) for name, d in method.search_space.items()}
+            concurrency = settings.max_concurrent or grid.max_concurrent_trials
             tune_config = tune.TuneConfig(
                 metric=settings.metric,
                 mode=settings.mode,
-                num_samples=remaining,
-                search_alg=_search_algorithm(settings, seed=grid.seeds[0] + done),
+                num_samples=-1 if remaining is None else remaining,
+                search_alg=_search_algorithm(
+                    settings,
+                    seed=grid.seeds[0] + len(rows),  # a new stream once trials are recorded: no configuration redrawn
+                    history=searcher_history(rows, method.search_space, settings.metric) if not rows.empty else [],
+                    max_concurrent=concurrency,
+                ),
                 scheduler=_scheduler(settings),
-                max_concurrent_trials=settings.max_concurrent or grid.max_concurrent_trials,
+                # Tune applies max_concurrent_trials to a Searcher (TPE) only; random search takes its own
+                max_concurrent_trials=concurrency if settings.algorithm == "tpe" else None,
                 reuse_actors=True,
             )
-            summary.planned += remaining
-            run_trials(
+            stopper = run_trials(
                 [],
                 grid,
                 results,
                 f"search-{key.replace('/', '-')}-{stamp}",
                 summary,
                 echo,
+                interrupt,
                 tune_config=tune_config,
                 param_space={"spec": base, "hp": space},
-                stop=budget,
+                budget=budget if budget.active else None,
+                total=remaining,
             )
+            if stopper.reason == "interrupt" or (interrupt is not None and interrupt.is_set()):
+                break  # no selection from a cut-short search
+            rows = search_rows(results, key)
+            if stopper.reason == "budget":
+                summary.budget_stopped.append(key)
+                echo(
+                    f"search phase: {key}: its {budget.describe()} is spent after {len(rows)} trial(s) "
+                    f"({rows['reserved_cpu_s'].sum():.1f} CPU-s, {rows['reserved_gpu_s'].sum():.1f} GPU-s reserved)"
+                )
         found = best_config(results, key, settings.metric, settings.mode)
         if found is None:
-            echo(f"search phase: {key}: no search trial finished; the final phase uses the grid's fixed settings")
+            rows = search_rows(results, key)
+            failed = int((rows["status"] == "failed").sum()) if not rows.empty else 0
+            if rows.empty:
+                why = "no search trial was recorded"
+            elif failed == len(rows):
+                why = f"every one of its {failed} search trial(s) failed (e.g. {rows['error'].iloc[-1]})"
+            else:
+                why = f"none of its {len(rows)} search trial(s) ran to its end with a finite {settings.metric} ({failed} failed)"
+            summary.failed_cells.append((key, why))
+            echo(f"FAILED search {key}: {why}; its final phase is not run")
             continue
         config, value = found
         chosen = {name: config[name] for name in method.search_space}
@@ -121,19 +234,54 @@ def run_search_phase(grid: Grid, results: ResultsDirectory, summary: Any, echo: 
     return overrides
 
 
-def _search_algorithm(settings: Any, seed: int) -> Any:
+def _search_algorithm(settings: Any, seed: int, history: list | None = None, max_concurrent: int | None = None) -> Any:
     if settings.algorithm == "tpe":
         import optuna
-        from ray.tune.search.optuna import OptunaSearch
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        return OptunaSearch(sampler=optuna.samplers.TPESampler(seed=seed))
+        return UrsaOptunaSearch(sampler=optuna.samplers.TPESampler(seed=seed), history=history or [])
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    return BasicVariantGenerator(random_state=seed)
+    return BasicVariantGenerator(random_state=seed, max_concurrent=max_concurrent or 0)
 
 
 def _scheduler(settings: Any) -> Any:
     if settings.scheduler == "asha":
         return tune.schedulers.ASHAScheduler(time_attr="training_iteration", grace_period=1, reduction_factor=2)
     return None
+
+
+class UrsaOptunaSearch(OptunaSearch):
+    """Ray Tune's OptunaSearch, told about failed trials and about the trials of earlier runs.
+
+    - A result without a finite selection metric (a failed trial reports none) is not an intermediate value,
+      and a trial that ends without one, or failed, is told to Optuna as pruned: TPE ranks it below every
+      completed configuration (a failed trial is never a good value).
+    - ``history`` (:func:`searcher_history`): the cell's recorded search trials, added to the study as soon
+      as Tune has given it its search space, so a resumed search learns from them.
+    """
+
+    def __init__(self, *args: Any, history: list | None = None, **kwargs: Any):
+        self._history = list(history or [])
+        super().__init__(*args, **kwargs)
+
+    def _setup_study(self, mode: Any) -> None:
+        super()._setup_study(mode)
+        for params, value, state in self._history:
+            pruned = state == "pruned"
+            self.add_evaluated_point(
+                params, value, pruned=pruned, intermediate_values=[value] if pruned and value is not None else None
+            )
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if _finite(result.get(self.metric)):
+            super().on_trial_result(trial_id, result)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if result and (result.get("status") == "failed" or not _finite(result.get(self.metric))):
+            result = {k: v for k, v in result.items() if k != self.metric}  # no value: pruned (error: failed)
+        super().on_trial_complete(trial_id, result=result, error=error)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,34 @@
+"""The effect of the bit depth at which posterior samples are stored (URSABench's test-time storage).
+
+Each final classification trial also evaluates its posterior predictive with every sample's weights
+rounded to float16 or bfloat16, or int8-quantised per output channel (``SET@SCHEME`` evaluation sets,
+``ursa_ray.evaluation.test_time_cost``).  Per method and scheme, over the in-domain cells (seed means,
+then cell means, as the composites): test accuracy, test NLL and OOD AUROC by mutual information (mean
+over the OOD sets), beside the float32 values.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.composites import decision_task_datasets, final_metrics, is_ood_set
+
+COLUMNS = {"accuracy": "accuracy", "nll": "nll", "ood_auroc_mi": "ood_auroc"}
+
+
+def bit_depth_table(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """Rows (method, scheme) with scheme ``float32`` first; columns accuracy, nll, ood_auroc (empty frame
+    when no trial evaluated a lower bit depth)."""
+    final = final_metrics(metrics, trials)
+    final = final[~final["dataset"].isin(decision_task_datasets(trials)) & final["metric"].isin(COLUMNS)]
+    split = final["eval_set"].str.partition("@")
+    final = final.assign(base_set=split[0], scheme=split[2].replace("", "float32"))
+    if (final["scheme"] == "float32").all():
+        return pd.DataFrame()
+    final = final[((final["base_set"] == "test") & (final["metric"] != "ood_auroc_mi"))
+                  | (final["base_set"].map(is_ood_set) & (final["metric"] == "ood_auroc_mi"))]
+    seed_means = final.groupby(["method", "scheme", "metric", "model", "dataset", "base_set"])["value"].mean()
+    table = seed_means.groupby(["method", "scheme", "metric"]).mean().unstack("metric").rename(columns=COLUMNS)
+    order = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3}
+    table = table.reset_index().sort_values(["method", "scheme"], key=lambda c: c.map(order) if c.name == "scheme" else c)
+    return table.set_index(["method", "scheme"])[[c for c in COLUMNS.values() if c in table.columns]]
