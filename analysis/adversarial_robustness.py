@@ -1,8 +1,10 @@
 """Robustness of the posterior predictive to adversarial examples: accuracy, attack success rate and the
 detection AUROC by mutual information against ε, per method and attack.
 
-Reads the ``adv:ATTACK_epsE`` evaluation sets of final classification trials (in-domain cells): each metric
-is averaged over seeds, then over cells, per (method, attack, ε).
+Reads the ``adv:ATTACK_epsE`` (white box, crafted on the method's own model average) and
+``transfer:ATTACK_epsE`` (crafted on the SGD network of the same model, dataset and seed; attack named
+``transfer-ATTACK``) evaluation sets of final classification trials (in-domain cells): each metric is
+averaged over seeds, then over cells, per (method, attack, ε).
 """
 
 from __future__ import annotations
@@ -23,20 +25,21 @@ METRICS = ("accuracy", "attack_success_rate", "adv_auroc_mi")
 def adversarial_table(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """Rows (method, attack, epsilon), columns accuracy, attack_success_rate, adv_auroc_mi."""
     final = final_metrics(metrics, trials)
-    final = final[final["eval_set"].str.startswith("adv:") & (final["eval_set"] != "adv:clean")
+    final = final[final["eval_set"].str.startswith(("adv:", "transfer:")) & ~final["eval_set"].str.endswith(":clean")
                   & ~final["dataset"].isin(decision_task_datasets(trials))]
     if final.empty:
         return pd.DataFrame()
     epsilon = final[final["metric"] == "epsilon"].set_index(["trial_id", "eval_set"])["value"]
     final = final[final["metric"].isin(METRICS)].join(epsilon.rename("epsilon"), on=["trial_id", "eval_set"])
-    final = final.assign(attack=final["eval_set"].str.slice(4).str.split("_eps").str[0])
+    kind, attack = final["eval_set"].str.split(":").str[0], final["eval_set"].str.split(":").str[1].str.split("_eps").str[0]
+    final = final.assign(attack=attack.where(kind == "adv", "transfer-" + attack))
     keys = ["method", "attack", "epsilon", "metric"]
     seed_means = final.groupby([*keys, "model", "dataset"])["value"].mean()
     return seed_means.groupby(keys).mean().unstack("metric")[[m for m in METRICS]]
 
 
 def plot_accuracy_against_epsilon(table: pd.DataFrame, path: Path) -> Path:
-    """Accuracy under attack against ε, one panel per attack, a line per method."""
+    """Accuracy under attack against ε, one panel per attack (white box, then transfer), a line per method."""
     path.parent.mkdir(parents=True, exist_ok=True)
     attacks = sorted(table.index.get_level_values("attack").unique())
     fig, axes = plt.subplots(1, len(attacks), figsize=(5 * len(attacks), 3.8), squeeze=False, sharey=True)
@@ -47,7 +50,7 @@ def plot_accuracy_against_epsilon(table: pd.DataFrame, path: Path) -> Path:
         ax.set_xlabel("ε (pixel units)")
     axes[0, 0].set_ylabel("accuracy under attack")
     axes[0, -1].legend(fontsize=7)
-    fig.suptitle("White-box attacks on the posterior predictive")
+    fig.suptitle("Attacks on the posterior predictive: white box on the model average; transfer from sgd's examples")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -16,6 +16,7 @@ from analysis.adversarial_robustness import adversarial_table, plot_accuracy_aga
 from analysis.bit_depth import bit_depth_table
 from analysis.corruption_shift import corruption_table, corruption_values, plot_corruption_shift
 from analysis.composites import better_direction, composite_coverage, composite_scores, is_ood_set, per_cell_table
+from analysis.pareto import pareto_markdown
 from analysis.tables import load_results, markdown_table
 from ursa_ray.results import Location, is_uri
 
@@ -100,7 +101,10 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool)
         if not robustness.empty:
             robustness_figure = plot_accuracy_against_epsilon(robustness, figures_dir / "adversarial.png")
             figures_extra.append(robustness_figure)
-            sections += ["", "## Adversarial examples (white box, on the model average)", "",
+            sections += ["", "## Adversarial examples", "",
+                         "White box (`fgsm`, `pgd`): crafted on each method's model average of kept samples. "
+                         "Transfer (`transfer-*`): the examples crafted on the `sgd` network of the same model, "
+                         "dataset and seed, scored under each method's posterior predictive. "
                          "Means over in-domain cells and seeds.", "", markdown_table(robustness), "",
                          f"![adversarial](figures/{robustness_figure.name})"]
         shift = corruption_values(metrics, trials)
@@ -115,6 +119,11 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool)
             sections += ["", "## Posterior samples stored at lower bit depths", "",
                          "Means over in-domain cells; ood_auroc by mutual information, mean over OOD sets.", "",
                          markdown_table(bits)]
+        pareto_text, pareto_figures = pareto_markdown(scores, figures_dir)
+        if pareto_figures:
+            figures_extra += pareto_figures
+            sections += ["", "## Quality against test-time cost (Pareto fronts)", "", pareto_text, ""]
+            sections += [f"![{p.stem}](figures/{p.name})" for p in pareto_figures]
 
     figures: list[Path] = []
     if not results.points.empty:

@@ -1,7 +1,7 @@
 """Speed of the samplers against plain PyTorch, measured side by side in one run (ratios, no asserts).
 
 * SGLD and SGHMC epoch time ÷ a plain ``torch.optim.SGD`` epoch on the same model, batch size and data
-  (target ≤ 1.15), on (a) digits-sized data, 1437 × 64 inputs, MLP 64-200-200-10, and (b) 60,000 random
+  (target ≤ 1.2), on (a) digits-sized data, 1437 × 64 inputs, MLP 64-200-200-10, and (b) 60,000 random
   MNIST-sized examples, MLP 784-200-200-10; all variants draw their mini-batches from the same
   ``problem.minibatches`` (shuffle + gather).
 * A plain SGD epoch ÷ the matmul floor: multiply-adds per example × N × 2 FLOP × 3 (forward, and the two
@@ -10,11 +10,10 @@
 * HMC full-batch gradient evaluations per second ÷ plain full-batch forward + backward passes per second
   of the same ``nn.Module`` (target ≥ 0.9).
 * For context, the cost of one N(0, I) draw of all parameters, which SGLD/SGHMC pay every step and plain
-  SGD does not: torch's ``normal_`` (MT19937) beside the two CPU kernels of ``GaussianNoise``, the AES one
-  the samplers use where the CPU has AES instructions (``ursa_ray/methods/_aes_gaussian.py``) and the
-  Philox one they use elsewhere (``ursa_ray/methods/_philox_gaussian.py``); SGLD at temperature 0 (the
-  same loop without the draw); and a second copy of plain SGD, whose ratio to the first shows how far
-  the measurement itself strays.
+  SGD does not: torch's ``normal_`` (MT19937, what ``GaussianNoise`` falls back to without numba) beside
+  the Philox kernel the samplers use on the CPU (``ursa_ray/methods/_philox_gaussian.py``); SGLD at
+  temperature 0 (the same loop without the draw); and a second copy of plain SGD, whose ratio to the
+  first shows how far the measurement itself strays.
 
 The SG-MCMC variants run side by side: each in a thread, taking turns of a few dozen steps (five epochs
 of the digits data, 40 steps of the MNIST-sized) in an order shuffled every round, only one running at a
@@ -49,7 +48,6 @@ import torch
 from torch import nn
 
 from ursa_ray.methods import get_method
-from ursa_ray.methods._aes_gaussian import AESGaussian, aes_available
 from ursa_ray.methods._philox_gaussian import add_standard_normal
 from ursa_ray.methods._sgmcmc_kernels import GaussianNoise
 from ursa_ray.methods.base import Categorical, Problem, resolve_config
@@ -297,9 +295,6 @@ def sgmcmc_section(
     steps = math.ceil(n / batch_size)
     draws = {"torch normal_": draw_seconds(lambda noise, gen: noise.normal_(generator=gen), n_params)}
     draws["Philox kernel"] = draw_seconds(lambda noise, gen: add_standard_normal(noise.numpy(), 1, 0, 1e-3), n_params)
-    if aes_available():
-        aes = AESGaussian(1)
-        draws["AES kernel"] = draw_seconds(lambda noise, gen: aes.add_to(noise.numpy(), 0, 1e-3), n_params)
     bits = GaussianNoise(torch.empty(1), torch.Generator()).bits
     print(f"  plain SGD epoch {sgd_epoch * 1e3:9.1f} ms; matmul floor {floor * 1e3:8.1f} ms")
     print(f"  one N(0,I) draw of all parameters (added in place), × {steps} steps, as a share of a plain SGD epoch "
@@ -307,8 +302,8 @@ def sgmcmc_section(
     print("    " + "; ".join(f"{k} {t * 1e3:.3f} ms ({t * steps / sgd_epoch:.1%})" for k, t in draws.items()))
     print(f"  {'':<44s} {'best':>6s}   {'median of repeats':>17s}   {'median step':>11s}")
     for name, label, target in (
-        ("sgld", "SGLD epoch / plain SGD epoch", "<= 1.15"),
-        ("sghmc", "SGHMC epoch / plain SGD epoch", "<= 1.15"),
+        ("sgld", "SGLD epoch / plain SGD epoch", "<= 1.2"),
+        ("sghmc", "SGHMC epoch / plain SGD epoch", "<= 1.2"),
         ("sgld_t0", "(SGLD at T=0, no noise drawn) / plain SGD", "(context)"),
         ("sgd_copy", "(plain SGD, a second copy) / plain SGD", "(the noise)"),
     ):

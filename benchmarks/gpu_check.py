@@ -11,7 +11,9 @@
 3. speed (figures only): SGLD and SGHMC epoch ÷ plain ``torch.optim.SGD`` epoch (MLP 784-200-200-10, 60,000
    random examples on the device, batch 128, 3 interleaved repeats of 1 epoch, synchronised wall clock)
    with ``benchmarks/bench_samplers.py``'s functions; HMC gradients/s ÷ plain full-batch fwd+bwd/s, with 21
-   and with 201 gradients per run (the second amortises a chain's set-up as a real chain does).
+   and with 201 gradients per run (the second amortises a chain's set-up as a real chain does); corrupting
+   10,000 CIFAR-sized images at every corruption type and severity ÷ one ResNet50 evaluation pass over them
+   (``benchmarks/bench_corruptions.py``'s functions).
 4. Ray, where it is installed (a GPU machine without the package index may lack it: its wheel is too
    large to carry there): the quickstart grid, every method but seed 0 only (24 trials, 56 s on a 2-core
    CPU), with ``gpu: 0.25`` per trial through ``run_grid`` (what ``ursa-ray run`` calls) on
@@ -48,6 +50,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 import torch  # noqa: E402
 
+import bench_corruptions  # noqa: E402
 import bench_samplers as bench  # noqa: E402
 import test_sgmcmc as sg  # noqa: E402
 from exact_blr import batch_means_mcse, make_blr_problem  # noqa: E402
@@ -334,6 +337,17 @@ def speed_hmc(n: int, n_leapfrog: int, repeats: int = 3) -> None:
 # --- 4. Ray -------------------------------------------------------------------------------------------
 
 
+def speed_corruptions(n: int) -> None:
+    """Corrupting n CIFAR-sized images at every type and severity ÷ one ResNet50 evaluation pass over them
+    on the device (``benchmarks/bench_corruptions.py``'s functions; target < 1)."""
+    images = torch.randn(n, 3, 32, 32, device=DEVICE)
+    bench_corruptions.corrupt_all(images[: bench_corruptions.WARM_UP_IMAGES])  # one-off costs, untimed
+    corrupting = sum(bench_corruptions.corrupt_all(images).values())
+    evaluating = bench_corruptions.evaluation_pass(images)
+    info(f"corruptions, n = {n}, 10 types x 5 severities: {corrupting:.1f} s; one ResNet50 pass {evaluating:.1f} s; "
+         f"ratio {corrupting / evaluating:.3f} (target < 1)")
+
+
 def ray_run(timeout: float) -> None:
     import pandas as pd
     import yaml
@@ -424,6 +438,7 @@ def main() -> int:
     guarded("sgmcmc speed", lambda: speed_sgmcmc(60_000 if CUDA else 6_000))
     for n_leapfrog in (20, 200) if CUDA else (3,):  # the second: setup amortised as over a real chain
         guarded("hmc speed", lambda: speed_hmc(60_000 if CUDA else 6_000, n_leapfrog=n_leapfrog))
+    guarded("corruption speed", lambda: speed_corruptions(10_000 if CUDA else 200))
 
     print("\n== 4. Ray ==")
     if args.quick:

@@ -19,6 +19,8 @@ from ursa_ray.evaluation.adversarial import (
     PixelScale,
     craft,
     default_epsilons,
+    examples_from_bytes,
+    examples_to_bytes,
     fgsm,
     kept_sample_indices,
     metrics_from_adversarial_tables,
@@ -291,6 +293,19 @@ def test_metrics_recomputed_from_saved_adversarial_predictions(tmp_path: Path) -
     assert reported["pgd_eps0.2"]["adv_auroc_mi"] != 0.5  # three different members: MI varies
     clean_probs = np.mean([torch.softmax(m(x), 1).detach().numpy() for m in members], axis=0)
     assert transfer.metrics()["clean"]["accuracy"] == np.mean(clean_probs.argmax(1) == y.numpy())
+
+
+def test_transfer_examples_survive_the_file_between_trials_bit_for_bit() -> None:
+    """What a transfer source saves is what the trials scored on it read: same pixels, labels, sets."""
+    torch.manual_seed(6)
+    x, y = SCALE.to_inputs(torch.rand(20, *SHAPE)), torch.randint(0, 4, (20,))
+    crafted = craft(average_of(mlp(1)), x, y, SCALE, ATTACKS, [0.05, 0.2])
+    again = examples_from_bytes(examples_to_bytes(crafted), SCALE, torch.device("cpu"))
+    assert torch.equal(again.clean_pixels, crafted.clean_pixels) and torch.equal(again.labels, crafted.labels)
+    assert again.sets.keys() == crafted.sets.keys()
+    for name, adversarial in crafted.sets.items():
+        assert (again.sets[name].attack, again.sets[name].epsilon) == (adversarial.attack, adversarial.epsilon)
+        assert torch.equal(again.sets[name].pixels, adversarial.pixels)
 
 
 def test_kept_sample_indices_are_even_and_end_with_the_last() -> None:

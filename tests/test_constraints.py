@@ -11,7 +11,7 @@ import yaml
 
 from ursa_ray.cli import main
 from ursa_ray.grid import GridError, parse_grid
-from ursa_ray.methods import get_method, registry
+from ursa_ray.methods import catalogue, get_method
 from ursa_ray.methods.base import check_constraints, resolve_config
 from small_problems import regression_problem
 
@@ -41,7 +41,7 @@ def rejection(raw: dict) -> str:
 
 def test_declared_constraints_name_declared_hyperparameters_and_hold_at_the_defaults():
     declaring = set()
-    for name, method in registry().items():
+    for name, method in catalogue().built_ins.items():  # not the plug-ins installed here
         declared = {h.name for h in method.hyperparameters}
         defaults = resolve_config(method, {})
         for constraint in method.constraints:
@@ -50,7 +50,7 @@ def test_declared_constraints_name_declared_hyperparameters_and_hold_at_the_defa
             assert constraint.violation(defaults, 1437) is None, (name, constraint.rule)  # digits' training set
         if method.constraints:
             declaring.add(name)
-    assert declaring == {"sgld", "sghmc", "csgld", "csghmc", "swag", "swa", "pca_ess"}
+    assert declaring == {"sgld", "sghmc", "csgld", "csghmc", "swag", "swa", "pca_ess", "laplace", "bdk", "gped"}
 
 
 # (method, settings, start of the message for N_TRAIN examples, checked before any trial: independent of N)
@@ -85,6 +85,13 @@ VIOLATIONS = [
         "swa",
         {"epochs": 1, "swa_epochs": 1, "swa_collect_every": 5, "batch_size": 16},
         "swa_collect_every must be 0 or at most the 4 steps of the collection phase",
+        False,
+    ),
+    ("gped", {"epochs": 4, "burn_in_epochs": 4}, "burn_in_epochs must be below epochs (4); got burn_in_epochs=4", True),
+    (
+        "bdk",
+        {"epochs": 2, "burn_in_epochs": 1, "batch_size": 16, "distill_every": 5},
+        "distill_every must be at most the 4 post-burn-in teacher steps",
         False,
     ),
     (
@@ -132,6 +139,7 @@ EDGES = [
     ("csgld", {"n_cycles": 1, "epochs_per_cycle": 1, "exploration": 0.5, "samples_per_cycle": 2, "batch_size": 16}),
     ("swag", {"epochs": 1, "swa_epochs": 1, "swa_collect_every": 4, "batch_size": 16, "n_samples": 1}),  # 4 steps
     ("pca_ess", {"epochs": 1, "swa_epochs": 2, "rank": 2, "n_samples": 1}),
+    ("bdk", {"epochs": 2, "burn_in_epochs": 1, "batch_size": 16, "distill_every": 4}),  # 4 post-burn-in steps
 ]
 
 

@@ -97,7 +97,8 @@ def test_metrics_parquet_contract(tiny_run):
     corrupted = {f"corrupt:{kind}:{severity}" for kind in ("gaussian_noise", "rotate") for severity in (1, 5)}
     attacked = {"adv:clean"} | {f"adv:{attack}_eps{eps:.6g}" for attack in ("fgsm", "pgd")
                                 for eps in (1 / 32, 1 / 16, 1 / 8, 1 / 4)}
-    assert set(one["eval_set"]) == full_precision | stored | corrupted | attacked | {"cost"}
+    transferred = {name.replace("adv:", "transfer:") for name in attacked}  # crafted on the seed's sgd trial
+    assert set(one["eval_set"]) == full_precision | stored | corrupted | attacked | transferred | {"cost"}
     ood = one[one["eval_set"] == "noise"].set_index("metric")["value"]
     assert set(ood.index) == {"ood_auroc_entropy", "ood_auroc_mi"}
     cost = one[one["eval_set"] == "cost"].set_index("metric")["value"]
@@ -125,20 +126,52 @@ def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
         recomputed = {}
         for scheme in ("", "@float16", "@bfloat16", "@int8"):  # full precision, then each bit depth
             ood = {n: t for n, t in saved.items() if n != "test" + scheme and n.endswith(scheme) and
-                   ("@" in n) == bool(scheme) and not n.startswith(("corrupt:", "adv:"))}
+                   ("@" in n) == bool(scheme) and not n.startswith(("corrupt:", "adv:", "transfer:"))}
             again = metrics_from_predictions(saved["test" + scheme], ood, None if cost is None else cost.numpy())
             recomputed.update({name + (scheme if name == "test" else ""): v for name, v in again.items()})
         for name in (n for n in saved if n.startswith("corrupt:")):  # labelled copies of the test set
             recomputed[name] = metrics_from_predictions(saved[name], {}, None if cost is None else cost.numpy())["test"]
-        adversarial = {n[len("adv:"):]: t for n, t in saved.items() if n.startswith("adv:")}
-        if adversarial:
-            recomputed.update({f"adv:{n}": v for n, v in metrics_from_adversarial_tables(adversarial).items()})
+        for kind in ("adv:", "transfer:"):
+            adversarial = {n[len(kind):]: t for n, t in saved.items() if n.startswith(kind)}
+            if adversarial:
+                recomputed.update({f"{kind}{n}": v for n, v in metrics_from_adversarial_tables(adversarial).items()})
         for row in rows[rows["metric"] != "reference"].itertuples():  # reference: a flag the trial sets
             again = recomputed[row.eval_set][row.metric]
             assert again == row.value or (math.isnan(again) and math.isnan(row.value)), (trial_id, row)
     # a single-sample method has no knowledge uncertainty: its mutual-information AUROCs are exactly 0.5
     sgd = reported[(reported["method"] == "sgd") & reported["metric"].isin(["ood_auroc_mi", "misclass_auroc_mi"])]
     assert len(sgd) > 0 and (sgd["value"] == 0.5).all()
+
+
+def test_transfer_attack_scores_every_method_on_the_examples_of_its_seeds_sgd_trial(tiny_run):
+    """The sgd trial of each seed ran first and saved its crafted examples; mc_dropout's trial of the same
+    seed was scored on them (``transfer_from``).  For sgd itself the transfer sets are its white-box sets;
+    for mc_dropout they differ from its own white-box ones (another network crafted them, and the clean
+    images are scored by its whole stream rather than by the attacked average of kept samples)."""
+    _, results = tiny_run
+    trials = pd.read_parquet(results / "trials.parquet").set_index("trial_id")
+    metrics = pd.read_parquet(results / "metrics.parquet")
+    in_domain = trials[(trials["dataset"] == "digits") & (trials["status"] == "ok")]
+    sources = in_domain[in_domain["method"] == "sgd"]
+    assert len(sources) == 2 and (sources["transfer_from"] == sources.index).all()
+    for trial_id in sources.index:
+        assert (results / "transfer" / f"{trial_id}.pt").is_file()
+    for trial_id, row in in_domain[in_domain["method"] == "mc_dropout"].iterrows():
+        source = sources[sources["seed"] == row["seed"]].index[0]
+        assert row["transfer_from"] == source
+    decision = trials[(trials["dataset"] == "digits_imbalanced") & (trials["status"] == "ok")]
+    assert set(decision["transfer_from"]) == {""}  # the decision task has no adversarial evaluation
+
+    def values(trial_id, kind):
+        rows = metrics[(metrics["trial_id"] == trial_id) & metrics["eval_set"].str.startswith(kind)]
+        rows = rows[rows["metric"] != "reference"]
+        return rows.assign(eval_set=rows["eval_set"].str.slice(len(kind))).set_index(["eval_set", "metric"])["value"]
+
+    for trial_id in sources.index:
+        pd.testing.assert_series_equal(values(trial_id, "transfer:"), values(trial_id, "adv:"), check_names=False)
+    dropout = in_domain[in_domain["method"] == "mc_dropout"].index[0]
+    transfer, white_box = values(dropout, "transfer:"), values(dropout, "adv:")
+    assert not transfer.equals(white_box)
 
 
 def test_mc_dropout_samples_differ(tiny_run):

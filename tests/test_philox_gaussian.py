@@ -147,11 +147,7 @@ def test_rejects_bad_arguments(target, key, draw, message):
         add_standard_normal(np.empty(8, dtype=np.float32), 0, 0, threads=0)
 
 
-def test_gaussian_noise_on_cpus_without_aes_uses_the_philox_kernel_per_seed(monkeypatch):
-    from ursa_ray.methods import _aes_gaussian
-
-    monkeypatch.setattr(_aes_gaussian, "aes_available", lambda: False)
-
+def test_gaussian_noise_on_cpu_uses_the_philox_kernel_per_seed():
     def draws(seed: int, n: int = 10, dtype=torch.float32) -> list[torch.Tensor]:
         noise = GaussianNoise(torch.zeros(n, dtype=dtype), torch.Generator().manual_seed(seed))
         assert noise.bits == "philox4x32-10"

@@ -8,7 +8,7 @@ from ursa_ray.grid import parse_grid
 from ursa_ray.tune.runner import SpecQueue
 
 
-def test_spec_queue_hands_out_every_trial_once_in_order_without_copies():
+def test_spec_queue_hands_out_every_trial_once_in_order_without_copies(tmp_path):
     grid = parse_grid(
         {
             "name": "big",
@@ -21,13 +21,48 @@ def test_spec_queue_hands_out_every_trial_once_in_order_without_copies():
     )
     specs = grid.trial_specs()
     assert len(specs) == 5000
-    queue = SpecQueue(specs)
+    queue = SpecQueue(specs, str(tmp_path))
     handed = [queue.suggest(f"t{i}") for i in range(len(specs))]
     assert [h["spec"]["trial_id"] for h in handed] == [s["trial_id"] for s in specs]
     assert queue.suggest("extra") == Searcher.FINISHED
     # the queue hands out the caller's spec objects: nothing is copied per trial (a grid_search over the
     # specs deep-copies all of them for every trial it generates, quadratic in the grid's size)
     assert all(h["spec"] is s for h, s in zip(handed, specs, strict=True))
+
+
+def test_transfer_sources_run_first_and_their_trials_wait_for_their_examples(tmp_path):
+    """sgd (the transfer source) of each seed is handed out first; mc_dropout of a seed waits until that
+    seed's sgd trial is complete, then gets the location of the examples it saved (none if it saved none);
+    the decision-task cells have no transfer attack and never wait."""
+    from ursa_ray.results import ResultsDirectory
+
+    raw = {"name": "t", "methods": ["mc_dropout", "sgd"], "models": ["mlp"], "datasets": ["digits", "digits_imbalanced"],
+           "seeds": 2}
+    grid = parse_grid(raw, "t.yaml")
+    specs = grid.trial_specs()
+    sources = {s["seed"]: s for s in specs if s.get("transfer_source")}
+    assert sorted(sources) == [0, 1] and all(s["method"] == "sgd" and s["dataset"] == "digits" for s in sources.values())
+    waiting = [s for s in specs if "transfer_from" in s]
+    assert {(s["method"], s["dataset"]) for s in waiting} == {("mc_dropout", "digits")}
+    assert all(s["transfer_from"] == sources[s["seed"]]["trial_id"] for s in waiting)
+
+    results = ResultsDirectory(tmp_path)
+    queue = SpecQueue(specs, str(tmp_path))
+    first = [queue.suggest(f"t{i}")["spec"] for i in range(6)]  # 2 sources, then the 4 decision-task trials
+    assert [s["trial_id"] for s in first[:2]] == [sources[0]["trial_id"], sources[1]["trial_id"]]
+    assert all(s["dataset"] == "digits_imbalanced" for s in first[2:])
+    assert queue.suggest("t6") is None  # both mc_dropout trials wait for their sources
+    results.transfer_examples(sources[0]["trial_id"]).write_bytes(b"examples")
+    queue.on_trial_complete("t0")  # seed 0's source finished and saved its examples
+    released = queue.suggest("t6")["spec"]
+    assert released["seed"] == 0 and released["transfer_examples"] == str(tmp_path / "transfer" / f"{sources[0]['trial_id']}.pt")
+    assert queue.suggest("t7") is None
+    queue.on_trial_complete("t1")  # seed 1's source failed: nothing saved, its trial runs without transfer sets
+    last = queue.suggest("t7")["spec"]
+    assert last["seed"] == 1 and "transfer_examples" not in last
+    assert queue.suggest("t8") == Searcher.FINISHED
+    without = parse_grid({**raw, "adversarial": {"transfer": False}}, "t.yaml").trial_specs()
+    assert not any("transfer_source" in s or "transfer_from" in s for s in without)
 
 
 def _point_rows(trial_id: str, method: str, n: int, shift: float = 0.0) -> list[dict]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from functools import cache
 
 import pytest
 import torch
 
 from exact_blr import batch_means_mcse, make_blr_problem, potential
-from ursa_ray.methods import _aes_gaussian, get_method, sgmcmc
+from ursa_ray.methods import _sgmcmc_kernels, get_method, sgmcmc
 from ursa_ray.methods._sgmcmc_kernels import GaussianNoise, cyclical_lr, momentum_step_
 from ursa_ray.methods.base import flat_parameters, resolve_config
 
@@ -113,6 +114,26 @@ def test_temperature_half_halves_the_variance(name):
     assert ((ratio - 0.5).abs() < 0.05).all(), f"variance ratio T=0.5 / T=1: {ratio.tolist()}"
 
 
+def test_without_numba_sgld_and_sghmc_still_sample_the_exact_posterior(without_numba):
+    """Where numba is missing, GaussianNoise draws with torch's generator (``normal_``, a generator of its own
+    seeded once from the problem's) and SGHMC updates with torch's operations; shorter chains than above,
+    the same spread check.  Per seed the draws are reproducible, and differ from the Philox kernel's."""
+    problem, mean, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=0)
+    for name in ("sgld", "sghmc"):
+        settings = dict(CHAINS[name], epochs=700, n_samples=300)
+        lr = lr_for(settings.pop("eta_lambda"), cov)
+        samples, stats = draw(name, problem, lr=lr, **settings)
+        assert stats["n_samples"] == len(samples) == 300
+        assert_spread(samples, cov, tol=0.2)
+    noise = GaussianNoise(torch.zeros(10), torch.Generator().manual_seed(0))
+    assert noise.bits == "torch"
+    first = noise.add_to_(torch.zeros(10), sigma=1.0).clone()
+    again = GaussianNoise(torch.zeros(10), torch.Generator().manual_seed(0)).add_to_(torch.zeros(10), sigma=1.0)
+    assert torch.equal(first, again) and not torch.equal(first, noise.add_to_(torch.zeros(10), sigma=1.0))
+    seed = int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(0)))
+    torch.testing.assert_close(first, torch.randn(10, generator=torch.Generator().manual_seed(seed)))
+
+
 # cSG-MCMC: cycles of 50 steps (25 epochs of 2 mini-batches), 30 % exploration, 2 samples at each
 # cycle's end.  Consecutive cycles are nearly independent (the exploration stage contracts to the mode).
 CYCLICAL = {
@@ -137,8 +158,11 @@ def test_cyclical_sampling_stage_spread(name):
 
 
 @cache
-def first_steps(name: str, seeds: int, alpha: float = 0.3, temperature: float = 1.0, eta_lambda: float = 0.03):
-    """For each seed's problem, its initialisation θ₀ and the state θ₁ after one full-batch step."""
+def first_steps(
+    name: str, seeds: int, alpha: float = 0.3, temperature: float = 1.0, eta_lambda: float = 0.03, bits: str = "philox"
+):
+    """For each seed's problem, its initialisation θ₀ and the state θ₁ after one full-batch step (``bits``
+    only keys the cache: the caller selects the generator)."""
     starts, ends = [], []
     for seed in range(seeds):
         problem, _, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=seed)
@@ -171,21 +195,34 @@ def exact_gradients(seeds: int, theta: torch.Tensor, eta_lambda: float = 0.03) -
     return torch.stack(grads), torch.tensor(etas, dtype=torch.float64)
 
 
-# the CPU generators this machine can run: Philox everywhere (forced by hiding AES), AES where the CPU has it
-CPU_GENERATORS = ["philox"] + (["aes"] if _aes_gaussian.aes_available() else [])
+@pytest.fixture
+def without_numba(monkeypatch):
+    """As where numba is not installed: importing it fails, so the samplers draw with torch's generator and
+    update with torch's operations on the CPU."""
+    monkeypatch.setitem(sys.modules, "numba", None)
+    for module in ("ursa_ray.methods._philox_gaussian", "ursa_ray.methods._momentum_cpu"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    _sgmcmc_kernels.numba_kernels.cache_clear()
+    assert _sgmcmc_kernels.numba_kernels() is None
+    yield
+    _sgmcmc_kernels.numba_kernels.cache_clear()  # before monkeypatch restores numba: the next call re-imports
+
+
+# the CPU generators: the numba Philox kernel, and torch's where numba is missing
+CPU_GENERATORS = ["philox", "torch"]
 
 
 @pytest.mark.parametrize("bits", CPU_GENERATORS)
 @pytest.mark.parametrize("name,friction", [("sgld", 1.0), ("sghmc", 0.3)])
 @pytest.mark.parametrize("temperature", [1.0, 0.25])
-def test_one_step_injects_noise_of_variance_2_alpha_eta_T(monkeypatch, bits, name, friction, temperature):
+def test_one_step_injects_noise_of_variance_2_alpha_eta_T(request, bits, name, friction, temperature):
     """θ₁ − θ₀ + η∇U(θ₀) = √(2αηT)·ξ exactly (full batch, v₀ = 0).  Catches noise never added
     (variance 0) and URSABench's √(2αη)/N scaling (variance 2αηT/N, here 1/256 of the target).  Each CPU
-    generator: the fused AES updates and, as on CPUs without AES instructions, Philox."""
-    if bits == "philox":
-        monkeypatch.setattr(_aes_gaussian, "aes_available", lambda: False)
+    generator: the Philox kernel and, as where numba is missing, torch's."""
+    if bits == "torch":
+        request.getfixturevalue("without_numba")
     seeds = 60
-    theta0, theta1 = first_steps(name, seeds, alpha=friction, temperature=temperature)
+    theta0, theta1 = first_steps(name, seeds, alpha=friction, temperature=temperature, bits=bits)
     grads, etas = exact_gradients(seeds, theta0)
     residual = (theta1 - theta0 + etas[:, None] * grads) / torch.sqrt(2 * friction * etas * temperature)[:, None]
     values = residual.flatten()  # should be N(0, 1): 300 draws
@@ -196,7 +233,7 @@ def test_one_step_injects_noise_of_variance_2_alpha_eta_T(monkeypatch, bits, nam
 def test_first_sghmc_step_goes_downhill():
     """The first SGHMC step is −η∇U plus zero-mean noise: U decreases, along −∇U, by about η‖∇U‖²."""
     seeds = 60
-    theta0, theta1 = first_steps("sghmc", seeds, alpha=0.3, temperature=1.0)
+    theta0, theta1 = first_steps("sghmc", seeds, alpha=0.3, temperature=1.0, bits="philox")
     grads, etas = exact_gradients(seeds, theta0)
     for seed in range(seeds):
         problem, _, _ = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=seed)
@@ -205,9 +242,13 @@ def test_first_sghmc_step_goes_downhill():
     assert abs(along.mean().item() + 1.0) < 0.1, along.tolist()
 
 
+@pytest.mark.parametrize("bits", CPU_GENERATORS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_momentum_step_is_the_three_torch_operations_in_one_pass(dtype):
-    """SGHMC's v ← keep·v − lr·g − decay·θ, θ ← θ + v (numba on the CPU) against torch's own arithmetic."""
+def test_momentum_step_is_the_three_torch_operations_in_one_pass(request, bits, dtype):
+    """SGHMC's v ← keep·v − lr·g − decay·θ, θ ← θ + v (numba on the CPU; torch's operations without it)
+    against torch's own arithmetic."""
+    if bits == "torch":
+        request.getfixturevalue("without_numba")
     generator = torch.Generator().manual_seed(0)
     theta, velocity, grad = (torch.randn(1003, generator=generator, dtype=dtype) for _ in range(3))
     expected_velocity = 0.9 * velocity - 0.01 * grad - 1e-4 * theta

@@ -10,9 +10,12 @@ import argparse
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ursa_ray.grid import Grid, GridError, check_data, load_grid
+from ursa_ray.registry import Catalogue
 
 
 def _unreachable(address: str) -> str | None:
@@ -78,20 +81,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from ursa_ray import api
+
     grid = load_grid(args.grid)
-    check_data(grid)
-    grid.trial_specs()  # every hyperparameter resolves before anything starts
-    from ursa_ray.results import Location, is_uri
-
-    given = args.out or Path("results") / grid.name
+    out = args.out or str(Path("results") / grid.name)
     try:
-        out = Location.parse(given)  # a local folder, or an object-store URI (pyarrow.fs.FileSystem.from_uri)
-    except (ValueError, OSError) as exc:
-        raise GridError(f"--out {given}: {exc}") from exc
-    from ursa_ray.tune.runner import run_grid
-
-    try:
-        summary = run_grid(grid, out, address=args.address)
+        summary = api.run(grid, out, address=args.address)
     except KeyboardInterrupt:  # a second Ctrl-C: stopped at once (never in the middle of writing a trial's rows)
         print("aborted: stopped at once; finished trials are kept; run the same command again to resume", file=sys.stderr)
         return 130
@@ -122,7 +117,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return 1
-    print(f"next: ursa-ray report {shlex.quote(given) if is_uri(given) else Path(given)}")
+    print(f"next: ursa-ray report {shlex.quote(out)}")
     return 0
 
 
@@ -134,37 +129,50 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_methods(args: argparse.Namespace) -> int:
-    from ursa_ray.methods import registry
-
-    for name, method in registry().items():
-        print(f"{name}: {method.description}")
-        for h in method.hyperparameters:
-            print(f"    {h.describe()}")
-        for c in method.constraints:
-            print(f"    constraint: {c.rule}")
+def _listing(catalogue: Catalogue, describe: Callable[[str, Any], list[str]]) -> int:
+    """Print every entry of ``catalogue``: ``describe(name, item)`` (a first line, then indented lines) with
+    the entry's origin as the first indented line, or ``NAME: BROKEN (origin): why`` for a broken plug-in."""
+    for entry in catalogue.entries:
+        if entry.problem is not None:
+            print(f"{entry.name}: BROKEN ({entry.origin}): {entry.problem}")
+            continue
+        first, *rest = describe(entry.name, entry.item)
+        print(first)
+        for line in (f"origin: {entry.origin}", *rest):
+            print(f"    {line}")
     return 0
+
+
+def _cmd_methods(args: argparse.Namespace) -> int:
+    from ursa_ray.methods import catalogue
+
+    def describe(name: str, method: Any) -> list[str]:
+        return [
+            f"{name}: {method.description}",
+            *(h.describe() for h in method.hyperparameters),
+            *(f"constraint: {c.rule}" for c in method.constraints),
+        ]
+
+    return _listing(catalogue(), describe)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from ursa_ray.models import registry
+    from ursa_ray.models import catalogue
 
-    for name, spec in registry().items():
-        print(f"{name} ({', '.join(spec.tasks)}): {spec.description}")
-        for h in spec.options:
-            print(f"    {h.describe()}")
-    return 0
+    def describe(name: str, spec: Any) -> list[str]:
+        return [f"{name} ({', '.join(spec.tasks)}): {spec.description}", *(h.describe() for h in spec.options)]
+
+    return _listing(catalogue(), describe)
 
 
 def _cmd_datasets(args: argparse.Namespace) -> int:
-    from ursa_ray.data import registry
+    from ursa_ray.data import catalogue
 
-    for name, spec in registry().items():
+    def describe(name: str, spec: Any) -> list[str]:
         ood = f"; OOD sets: {', '.join(spec.ood_sets)}" if spec.ood_sets else ""
-        print(f"{name} ({spec.task}): {spec.description}{ood}")
-        for h in spec.options:
-            print(f"    {h.describe()}")
-    return 0
+        return [f"{name} ({spec.task}): {spec.description}{ood}", *(h.describe() for h in spec.options)]
+
+    return _listing(catalogue(), describe)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import yaml
 
 from ursa_ray import data, methods, models
 from ursa_ray.methods.base import BUDGET_KEYS, Constraint, Hyperparameter, resolve_config
+from ursa_ray.registry import RegistryError
 from ursa_ray.evaluation.adversarial import validate_adversarial
 from ursa_ray.evaluation.corruptions import CORRUPTIONS, SEVERITIES, validate_corruptions
 from ursa_ray.evaluation.test_time_cost import QUANTISATION_SCHEMES
@@ -44,7 +45,7 @@ TOP_KEYS = {
     "resources": "per-trial resources {cpu, gpu, custom}",
     "budget": f"defaults for {list(BUDGET_KEYS)}",
     "save_predictions": "true or false",
-    "adversarial": "adversarial evaluation {attacks, epsilons, n_examples, attack_samples, pgd_steps}",
+    "adversarial": "adversarial evaluation {attacks, epsilons, n_examples, attack_samples, pgd_steps, transfer}",
     "corruptions": "common-corruption evaluation sets {types, severities, n_examples}; types: a list or all",
     "bit_depths": "weight storage schemes the posterior predictive is also evaluated at: a list of float16, "
     "bfloat16, int8 (default all three; [] for none)",
@@ -57,7 +58,7 @@ TOP_KEYS = {
 REQUIRED = ("name", "methods", "models", "datasets", "seeds")
 METHOD_KEYS = ("name", "label", "models", "datasets", "hyperparameters", "model_hyperparameters", "search")
 MODEL_KEYS = ("name", "options")
-DATASET_KEYS = ("name", "ood", "complexity", "options")
+DATASET_KEYS = ("name", "ood", "complexity", "options", "file")
 RESOURCE_KEYS = ("cpu", "gpu", "custom")
 
 
@@ -93,6 +94,7 @@ class DatasetEntry:
     ood: tuple[str, ...]
     complexity: tuple[float, ...] | None
     options: dict[str, Any]
+    file: dict[str, Any] | None = None  # a dataset read from files: its checked `file` block (data/files.py)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,8 @@ class Grid:
     max_concurrent_trials: int | None
     max_failures: int
     search: SearchSettings | None
+    source: str = ""
+    """The grid as written (its YAML text), kept beside the results as ``grid.yaml``."""
 
     def cells(self) -> list[dict[str, Any]]:
         """(method, model, dataset, complexity) combinations, each a dict ready for trial specs."""
@@ -145,6 +149,8 @@ class Grid:
             extra = (overrides or {}).get(key, {})
             for seed in self.seeds:
                 specs.append(self.spec_for(cell, seed, phase, extra))
+        if phase == "final" and self.adversarial["transfer"]:
+            _link_transfer_sources(specs)
         return specs
 
     def spec_for(self, cell: dict[str, Any], seed: int, phase: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -159,8 +165,9 @@ class Grid:
             "model_options": cell["model"].options,
             "dataset": cell["dataset"].name,
             "task": cell["dataset"].task,
-            "decision_task": data.get_dataset(cell["dataset"].name).decision_task,
+            "decision_task": data.dataset_spec(cell["dataset"].name, cell["dataset"].file).decision_task,
             "dataset_options": cell["dataset_options"],
+            "dataset_file": cell["dataset"].file,
             "complexity": cell["complexity"],
             "ood": list(cell["dataset"].ood),
             "seed": int(seed),
@@ -178,6 +185,30 @@ class Grid:
             spec["validation_fraction"] = self.search.validation_fraction
         spec["trial_id"] = trial_id(spec)
         return spec
+
+
+TRANSFER_SOURCE_METHOD = "sgd"
+"""The method whose adversarial examples every other method of the same (model, dataset, seed) is scored on."""
+
+
+def _link_transfer_sources(specs: list[dict[str, Any]]) -> None:
+    """Mark the transfer attack's trials in final ``specs`` (in-domain classification only): the first
+    ``sgd`` entry's trial of each (model, dataset, dataset options, seed) gets ``transfer_source: True``, every
+    other trial of the same (model, dataset, options, seed) ``transfer_from``: that trial's id.  The run
+    orchestration runs the sources first and hands the others the examples they saved."""
+
+    def where(spec: dict[str, Any]) -> str:
+        return json.dumps([spec[k] for k in ("model", "model_options", "dataset", "dataset_options", "seed")], sort_keys=True)
+
+    sources: dict[str, str] = {}
+    for spec in specs:
+        if spec["task"] == "classification" and not spec["decision_task"] and spec["method"] == TRANSFER_SOURCE_METHOD:
+            if sources.setdefault(where(spec), spec["trial_id"]) == spec["trial_id"]:
+                spec["transfer_source"] = True
+    for spec in specs:
+        source = sources.get(where(spec))
+        if source is not None and source != spec["trial_id"]:
+            spec["transfer_from"] = source
 
 
 def _layers(entry: MethodEntry, model: str, budget: Mapping[str, int]) -> tuple[tuple[str, dict[str, Any]], ...]:
@@ -209,6 +240,15 @@ def trial_id(spec: dict[str, Any]) -> str:
 
 def _fail(path: str, where: str, message: str) -> GridError:
     return GridError(f"{path}: {where}: {message}")
+
+
+def _named(path: str, where: str, get: Callable[[str], Any], name: str) -> Any:
+    """``get(name)``, a registry's lookup (a registered name or an import path ``package.module:Attribute``),
+    or a GridError at ``where`` saying the name is unknown (and what is allowed) or a broken plug-in."""
+    try:
+        return get(name)
+    except RegistryError as exc:
+        raise _fail(path, where, str(exc)) from None
 
 
 def _reject_former_names(
@@ -392,6 +432,27 @@ def _check_selection_metric(
             )
 
 
+def _file_dataset_entry(path: str, where: str, item: Mapping[str, Any]) -> DatasetEntry:
+    """A dataset entry with a ``file`` block (:mod:`ursa_ray.data.files`): a name of its own, the block
+    checked and its paths made absolute from the grid file's folder.  The files themselves are checked by
+    :func:`check_data`."""
+    from ursa_ray.data.files import SET_NAME, FileDatasetError, parse_file_settings
+
+    name = item["name"]
+    if name in data.registry():
+        raise _fail(path, f"{where}.name", f"{name!r} is a registered dataset; a dataset read from files needs a name of its own")
+    if not SET_NAME.fullmatch(name):
+        raise _fail(path, f"{where}.name", "a dataset read from files is named with letters, digits, '_' and '-'")
+    for key, why in (("ood", "name its OOD files in file.ood"), ("complexity", "sweep no complexity"), ("options", "take no options")):
+        if key in item:
+            raise _fail(path, f"{where}.{key}", f"datasets read from files {why}")
+    try:
+        settings = parse_file_settings(item["file"], Path(path).parent)
+    except FileDatasetError as exc:
+        raise _fail(path, ".".join(filter(None, (f"{where}.file", exc.field))), str(exc)) from None
+    return DatasetEntry(name, settings["task"], tuple(settings["ood"]), None, {}, settings)
+
+
 def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     """Validate a grid (the result of yaml.safe_load) and return it; GridError on the first problem."""
     if not isinstance(raw, dict):
@@ -405,24 +466,21 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     if not isinstance(raw["name"], str) or not raw["name"]:
         raise _fail(path, "name", "expected a non-empty string")
 
-    known_models = models.registry()
     model_entries = []
     for i, item in enumerate(_entries(path, raw, "models", MODEL_KEYS)):
-        if item["name"] not in known_models:
-            raise _fail(path, f"models[{i}].name", f"unknown model {item['name']!r}; allowed: {', '.join(known_models)}")
-        spec = known_models[item["name"]]
+        spec = _named(path, f"models[{i}].name", models.get_model, item["name"])
         options = _check_options(path, f"models[{i}].options", f"model {spec.name}", spec.options, item.get("options"))
         model_entries.append(ModelEntry(item["name"], options))
     if len({m.name for m in model_entries}) != len(model_entries):
         raise _fail(path, "models", "each model may appear once")
 
-    known_datasets = data.registry()
     dataset_entries = []
     for i, item in enumerate(_entries(path, raw, "datasets", DATASET_KEYS)):
         where = f"datasets[{i}]"
-        if item["name"] not in known_datasets:
-            raise _fail(path, f"{where}.name", f"unknown dataset {item['name']!r}; allowed: {', '.join(known_datasets)}")
-        spec = known_datasets[item["name"]]
+        if "file" in item:  # a dataset read from files
+            dataset_entries.append(_file_dataset_entry(path, where, item))
+            continue
+        spec = _named(path, f"{where}.name", data.get_dataset, item["name"])
         ood = item.get("ood", [])
         if not isinstance(ood, list) or not all(isinstance(o, str) for o in ood):
             raise _fail(path, f"{where}.ood", "expected a list of OOD dataset names")
@@ -457,15 +515,12 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
             raise _fail(path, f"budget.{key}", f"unknown key; allowed: {', '.join(BUDGET_KEYS)}")
         budget[key] = _int(path, f"budget.{key}", value, 1)
 
-    known_methods = methods.registry()
     method_entries = []
     model_names = [m.name for m in model_entries]
     dataset_names = [d.name for d in dataset_entries]
     for i, item in enumerate(_entries(path, raw, "methods", METHOD_KEYS)):
         where = f"methods[{i}]"
-        if item["name"] not in known_methods:
-            raise _fail(path, f"{where}.name", f"unknown method {item['name']!r}; allowed: {', '.join(known_methods)}")
-        method = known_methods[item["name"]]
+        method = _named(path, f"{where}.name", methods.get_method, item["name"])
         label = item.get("label", item["name"])
         if not isinstance(label, str) or not label or "/" in label:
             raise _fail(path, f"{where}.label", "expected a non-empty string without '/'")
@@ -530,7 +585,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     except ValueError as error:
         raise GridError(f"{path}: {error}") from None  # the message names its field, adversarial.…
     for d in dataset_entries:
-        if d.task == "classification" and not data.get_dataset(d.name).decision_task:
+        if d.file is None and d.task == "classification" and not data.get_dataset(d.name).decision_task:
             try:
                 adversarial_settings.epsilons_for(d.name)
             except ValueError as error:
@@ -552,7 +607,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
 
     for m in method_entries:
         for mo in model_entries:
-            spec = known_models[mo.name]
+            spec = models.get_model(mo.name)
             for d in dataset_entries:
                 if m.pairs_with(mo.name, d.name) and d.task not in spec.tasks:
                     raise _fail(
@@ -585,6 +640,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         max_concurrent_trials=max_concurrent,
         max_failures=max_failures,
         search=search,
+        source=yaml.safe_dump(raw, sort_keys=False),
     )
 
 
@@ -626,13 +682,17 @@ def load_grid(path: str | Path) -> Grid:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "YAML"
         raise GridError(f"{path}: {where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    return parse_grid(raw, path)
+    return dataclasses.replace(parse_grid(raw, path), source=text)
 
 
 def check_data(grid: Grid) -> None:
-    """Raise GridError when a dataset's files are missing (before any trial starts)."""
+    """Raise GridError when a dataset's files are missing (before any trial starts), or a dataset read
+    from files cannot be used (each is loaded once, see :func:`_check_file_dataset`)."""
     root = data.base.data_root(grid.data_root)
     for i, d in enumerate(grid.datasets):
+        if d.file is not None:
+            _check_file_dataset(grid, i, d)
+            continue
         spec = data.get_dataset(d.name)
         if spec.check is None or grid.download:
             continue
@@ -640,3 +700,22 @@ def check_data(grid: Grid) -> None:
             spec.check(root, d.ood)
         except data.base.DatasetMissing as exc:
             raise GridError(f"{grid.path}: datasets[{i}]: {exc}") from None
+
+
+def _check_file_dataset(grid: Grid, index: int, entry: DatasetEntry) -> None:
+    """Load a dataset read from files as a trial will (:func:`ursa_ray.data.files.load_file_dataset`): a file
+    that cannot be used is a GridError at ``datasets[index].file.KEY``; an image classification set needs
+    the grid's ``adversarial.epsilons`` (pixel units; there are no family defaults for it)."""
+    from ursa_ray.data.files import FileDatasetError
+    from ursa_ray.evaluation.adversarial import AdversarialSettings
+
+    where = f"datasets[{index}].file"
+    try:
+        ds = data.dataset_spec(entry.name, entry.file).load({}, entry.ood, Path(), False, 0)
+    except FileDatasetError as exc:
+        raise GridError(f"{grid.path}: {where}.{exc.field}: {exc}") from None
+    if ds.task == "classification" and ds.pixel_mean is not None:
+        try:
+            AdversarialSettings(**grid.adversarial).epsilons_for(entry.name)
+        except ValueError as error:
+            raise _fail(grid.path, "adversarial.epsilons", f"{error}; give epsilons (pixel units) for the images of {entry.name!r}") from None

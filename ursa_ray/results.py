@@ -10,6 +10,8 @@ Layout (a contract for users and for the ``analysis`` package):
   folder as one table;
 - ``predictions/<trial_id>__<eval_set>.parquet``: posterior-predictive probabilities when the grid sets
   ``save_predictions: true``;
+- ``transfer/<trial_id>.pt``: the adversarial examples a transfer source (the SGD trial of a model, dataset
+  and seed) crafted, which the other trials of that model, dataset and seed are scored on;
 - ``grid.yaml``: the grid that produced the results; ``ray/``: Ray Tune's own experiment folders.
 
 Where the directory lives (:class:`Location`): a local path, or any URI that
@@ -47,7 +49,7 @@ TRIAL_COLUMNS = [
     "complexity", "seed", "status", "error", "config", "wall_s", "cpu_s", "gpu_s", "reserved_cpu_s", "reserved_gpu_s",
     "n_cpus", "n_gpus", "node", "node_id", "device", "n_samples", "worker_setup_s", "setup_s", "train_s",
     "eval_s", "bit_depth_eval_s", "n_params", "grad_evals", "accept_rate", "method_stats", "selection",
-    "started_at", "finished_at",
+    "transfer_from", "started_at", "finished_at",
 ]
 METRIC_COLUMNS = ["trial_id", "method", "model", "dataset", "seed", "phase", "eval_set", "metric", "value"]
 POINT_COLUMNS = [
@@ -136,6 +138,12 @@ class Location:
             return pd.read_parquet(self.local_path)
         return pd.read_parquet(self.path, filesystem=self.fs)
 
+    def read_bytes(self) -> bytes:
+        if self.is_local:
+            return self.local_path.read_bytes()
+        with self.fs.open_input_stream(self.path) as f:
+            return f.read()
+
     def read_text(self) -> str:
         if self.is_local:
             return self.local_path.read_text()
@@ -165,6 +173,12 @@ class Location:
         self.write_bytes(buffer.getvalue())
 
 
+def transfer_examples_location(results_uri: str, trial_id: str) -> Location:
+    """``transfer/<trial_id>.pt`` in the results directory named by ``results_uri``: the adversarial examples
+    the transfer source ``trial_id`` crafted."""
+    return Location.parse(results_uri) / "transfer" / f"{trial_id}.pt"
+
+
 class ResultsDirectory:
     """Reads and extends one results directory: a local path or an object-store URI (see :class:`Location`)."""
 
@@ -184,6 +198,10 @@ class ResultsDirectory:
         if trials.empty:
             return set()
         return set(trials.loc[trials["status"].isin(["ok", "early_stopped"]), "trial_id"])
+
+    def transfer_examples(self, trial_id: str) -> Location:
+        """Where a transfer source trial's crafted adversarial examples are kept: ``transfer/<trial_id>.pt``."""
+        return transfer_examples_location(self.location.uri, trial_id)
 
     def add(
         self,

@@ -30,13 +30,16 @@ from ursa_ray.evaluation import (
     regression_metrics,
 )
 from ursa_ray.evaluation.adversarial import (
-    AdversarialPredictives,
     DATASET_FAMILIES,
     REFERENCE_EPSILON,
+    AdversarialExamples,
+    AdversarialPredictives,
     AdversarialSettings,
     ModelAverage,
     PixelScale,
     craft,
+    examples_from_bytes,
+    examples_to_bytes,
     set_name,
 )
 from ursa_ray.evaluation.corruptions import corrupt
@@ -44,6 +47,7 @@ from ursa_ray.evaluation.precision import evaluation_precision, keep_output_laye
 from ursa_ray.evaluation.predictions import prediction_table
 from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time, evaluate_at_bit_depths
 from ursa_ray.methods.base import Categorical, Gaussian, Problem
+from ursa_ray.results import Location
 
 EVAL_BATCH = 2048
 
@@ -58,6 +62,8 @@ class TrialOutcome:
     points: list[dict[str, Any]] = field(default_factory=list)
     predictions: dict[str, pd.DataFrame] = field(default_factory=dict)
     selection: dict[str, float] = field(default_factory=dict)
+    transfer_examples: bytes | None = None
+    """A transfer source's crafted adversarial examples (:func:`examples_to_bytes`), for the other trials."""
 
 
 RANDOM_STREAMS = ("init", "data", "split", "corruption")
@@ -97,6 +103,27 @@ def predict(predictor: Any, x: Tensor, precision: torch.dtype | None = None) -> 
     return out
 
 
+def predict_expected_entropy(predictor: Any, x: Tensor, precision: torch.dtype | None = None) -> Tensor | None:
+    """A predictor's own estimate of the expected entropy on ``x`` (shape n, float32), in batches under
+    autocast to ``precision``, when it has a ``distilled_expected_entropy(x)`` method (GPED's head), else None:
+    the accumulator then computes H[p_s] from the sample's logits (see ``ClassificationPredictive``)."""
+    head = getattr(predictor, "distilled_expected_entropy", None)
+    if head is None:
+        return None
+    return predict(head, x, precision)
+
+
+def accumulate(accumulator: Any, predictor: Any, x: Tensor, precision: torch.dtype | None) -> None:
+    """Add ``predictor``'s outputs on ``x`` to ``accumulator``, with its distilled expected entropy where it
+    has one (classification only; see :func:`predict_expected_entropy`)."""
+    outputs = predict(predictor, x, precision)
+    entropy = predict_expected_entropy(predictor, x, precision)
+    if entropy is None:
+        accumulator.update(outputs)
+    else:
+        accumulator.update(outputs, expected_entropy=entropy)
+
+
 def corrupted_sets(
     ds: data.base.Dataset, test: tuple[Tensor, Tensor], settings: Mapping[str, Any], seed: int
 ) -> dict[str, tuple[Tensor, Tensor]]:
@@ -126,7 +153,7 @@ def planned_samples(config: Mapping[str, Any]) -> int:
 
 def _attack(
     spec: Mapping[str, Any], ds: data.base.Dataset, attacked: ModelAverage, test: tuple[Tensor, Tensor], seed: int
-) -> AdversarialPredictives:
+) -> tuple[AdversarialExamples, AdversarialPredictives]:
     """FGSM/PGD on the first ``n_examples`` test images against the model average of the kept samples
     (white box: the attacker knows p̄ and its gradient), scored under that same model average."""
     settings = spec["adversarial"]
@@ -137,7 +164,23 @@ def _attack(
     scored = AdversarialPredictives(examples, ds.n_outputs)
     for predictor in attacked.predictors():
         scored.update(predictor)
-    return scored
+    return examples, scored
+
+
+def load_transfer_attack(
+    spec: Mapping[str, Any], ds: data.base.Dataset, device: torch.device
+) -> AdversarialPredictives | None:
+    """The accumulator of the transfer attack: the examples the cell's SGD trial crafted on its network
+    (``spec["transfer_examples"]``, a file the run orchestration names once that trial has finished), to be
+    scored under this trial's posterior predictive; None when there are none to read."""
+    where = spec.get("transfer_examples")
+    if not where or ds.pixel_mean is None:
+        return None
+    saved = Location.parse(where)
+    if not saved.exists():
+        return None
+    examples = examples_from_bytes(saved.read_bytes(), PixelScale(ds.pixel_mean, ds.pixel_std), device)
+    return AdversarialPredictives(examples, ds.n_outputs)
 
 
 def warm_up_worker(device: torch.device) -> float:
@@ -193,7 +236,7 @@ def run_trial(
     np.random.seed(seeds["init"] % 2**32)
     generator = torch.Generator().manual_seed(seeds["data"])
 
-    dataset_spec = data.get_dataset(spec["dataset"])
+    dataset_spec = data.dataset_spec(spec["dataset"], spec.get("dataset_file"))  # registered, or read from files
     ds = dataset_spec.load(
         spec["dataset_options"], tuple(spec["ood"]), data.base.data_root(spec["data_root"]), spec["download"], seed
     )
@@ -211,6 +254,7 @@ def run_trial(
     eval_sets = {k: (x.to(device), y) for k, (x, y) in eval_sets.items()}
     # corruptions and attacks: final classification trials of in-domain cells (composites use no other)
     robustness = spec["phase"] == "final" and ds.task == "classification" and not spec["decision_task"]
+    robustness = robustness and ds.pixel_mean is not None  # tabular data have no pixels to perturb
     if robustness:
         eval_sets.update(corrupted_sets(ds, eval_sets["test"], spec["corruptions"], seeds["corruption"]))
 
@@ -250,6 +294,7 @@ def run_trial(
     }
     attack_samples = spec["adversarial"]["attack_samples"]
     attacked = ModelAverage(planned_samples(spec["config"]), attack_samples, seed=seeds["corruption"]) if robustness else None
+    transfer = load_transfer_attack(spec, ds, device) if robustness else None
     stats: dict[str, float] = {}
     train_s = eval_s = bit_depth_s = attack_s = 0.0
     stream = method.sample_posterior(problem, spec["config"], stats)
@@ -264,17 +309,22 @@ def run_trial(
             def evaluate_stored(scheme: str, predictor: Any = predictor) -> None:
                 for name in full_precision_sets:
                     x = eval_sets[name][0]
-                    at_bit_depth[f"{name}@{scheme}"].update(predict(predictor, x, precision))
+                    accumulate(at_bit_depth[f"{name}@{scheme}"], predictor, x, precision)
 
             evaluate_at_bit_depths(predictor, evaluate_stored, schemes)
             bit_depth_s += time.perf_counter() - tick
             tick = time.perf_counter()
         for name, (x, _) in eval_sets.items():
-            accumulators[name].update(predict(predictor, x, precision))
+            accumulate(accumulators[name], predictor, x, precision)
         eval_s += time.perf_counter() - tick
         if attacked is not None:
             tick = time.perf_counter()
             attacked.observe(predictor)
+            if transfer is not None:
+                transfer.update(
+                    lambda x, p=predictor: predict(p, x, precision),
+                    lambda x, p=predictor: predict_expected_entropy(p, x, precision),
+                )
             attack_s += time.perf_counter() - tick  # copying a kept sample is part of the attack's cost
         if progress is not None and "validation" in eval_sets:
             running = _evaluate(ds, accumulators["validation"], eval_sets["validation"][1], "validation")
@@ -292,13 +342,21 @@ def run_trial(
     outcome = TrialOutcome(record={})
     values: dict[str, dict[str, float]] = {}
     adversarial_tables = {}
+    transfer_from = ""  # the trial whose examples the transfer sets are (the source's own id for itself)
     if attacked is not None and attacked.n_kept > 0:
         tick = time.perf_counter()
-        adversarial = _attack(spec, ds, attacked, eval_sets["test"], seeds["corruption"])
+        examples, adversarial = _attack(spec, ds, attacked, eval_sets["test"], seeds["corruption"])
         reference = set_name("pgd", REFERENCE_EPSILON.get(DATASET_FAMILIES.get(spec["dataset"], ""), math.nan))
         for name, table in adversarial.metrics().items():  # `reference`: the robustness composite's set
             values[f"adv:{name}"] = table | ({"reference": float(name == reference)} if name != "clean" else {})
         adversarial_tables = {f"adv:{name}": table for name, table in adversarial.tables().items()}
+        if spec.get("transfer_source"):  # its transfer sets are its own white-box ones
+            outcome.transfer_examples = examples_to_bytes(examples)
+            transfer = adversarial
+        if transfer is not None:
+            transfer_from = spec["trial_id"] if spec.get("transfer_source") else spec["transfer_from"]
+            values.update({f"transfer:{name}": table for name, table in transfer.metrics().items()})
+            adversarial_tables.update({f"transfer:{name}": table for name, table in transfer.tables().items()})
         attack_s += time.perf_counter() - tick
     for name, (x, y) in eval_sets.items():
         if y is not None:
@@ -312,7 +370,7 @@ def run_trial(
                 values[f"test@{scheme}"] = _evaluate(ds, test, eval_sets["test"][1], "test")
                 for name in ds.ood:
                     values[f"{name}@{scheme}"] = ood_metrics(test, at_bit_depth[f"{name}@{scheme}"])
-        else:
+        elif not ds.test_y_observed:  # a regression set from files has no noise-free truth
             outcome.points = _points(spec, ds, accumulators["test"])
     if "validation" in values:
         outcome.selection = {f"val_{k}": float(v) for k, v in values["validation"].items()}
@@ -359,6 +417,7 @@ def run_trial(
         "grad_evals": float(stats.get("grad_evals", math.nan)),
         "accept_rate": float(stats.get("accept_rate", math.nan)),
         "method_stats": json.dumps({k: float(v) for k, v in stats.items()}, sort_keys=True),
+        "transfer_from": transfer_from,
     }
     return outcome
 
@@ -371,7 +430,7 @@ def _evaluate(ds: data.base.Dataset, pred: Any, targets: Tensor, eval_set: str) 
         cost = None if ds.cost_matrix is None else ds.cost_matrix.numpy()
         return classification_metrics(pred, targets.numpy(), cost)
     # A regression Dataset's test_y is the noise-free truth; the validation split holds noisy training targets.
-    if eval_set == "test":
+    if eval_set == "test" and not ds.test_y_observed:  # else observed targets (data from files)
         return regression_metrics(pred, float(ds.noise_std), truth=targets.numpy())
     return regression_metrics(pred, float(ds.noise_std), observed=targets.numpy())
 

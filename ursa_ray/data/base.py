@@ -30,7 +30,9 @@ class Dataset:
     (inputs → n × p features), for the anchor model and for models linear in G.  ``pixel_mean`` and
     ``pixel_std`` (one value per channel; image datasets only) are the normalisation every image tensor
     of the dataset went through, x = (pixel − mean) / std with pixels in [0, 1]: attacks and corruptions
-    work in pixel space and map back with them.
+    work in pixel space and map back with them.  ``test_y_observed`` (regression read from files): ``test_y``
+    holds noisy observations, not the noise-free truth, so the test set is scored with the predictive
+    metrics and writes no per-point rows.
     """
 
     name: str
@@ -49,6 +51,7 @@ class Dataset:
     pixel_std: tuple[float, ...] | None = None
     test_info: dict[str, Tensor] = field(default_factory=dict)
     feature_map: Callable[[Tensor], Tensor] | None = None
+    test_y_observed: bool = False
 
 
 @dataclass(frozen=True)

@@ -20,16 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
-from ursa_ray.data._decision import cost_matrix, imbalance
-from ursa_ray.data.base import Dataset, DatasetSpec, standardise
+from ursa_ray.data._embedded import digit_images_dataset, rotated, uniform_noise
+from ursa_ray.data.base import Dataset, DatasetSpec
 
 OOD_SETS = ("digits_inverted", "digits_rotated", "noise")
-IMPORTANT = (3, 7)
-IMBALANCE_FRACTION = 0.1
-IMPORTANT_COST = 100.0
 
 
 @cache
@@ -46,9 +41,9 @@ def _ood(name: str, test_images: np.ndarray) -> np.ndarray:
     if name == "digits_inverted":
         return 1.0 - test_images
     if name == "digits_rotated":
-        return np.rot90(test_images, k=1, axes=(1, 2)).copy()
+        return rotated(test_images)
     if name == "noise":
-        return np.random.default_rng(0).uniform(0.0, 1.0, size=test_images.shape).astype(np.float32)
+        return uniform_noise(test_images)
     raise KeyError(name)
 
 
@@ -61,29 +56,11 @@ def load_digits_dataset(
     *,
     imbalanced: bool = False,
 ) -> Dataset:
-    x_train, x_test, y_train, y_test = _split()
+    split = _split()
+    x_train, x_test = split[0], split[1]
     mean, std = float(x_train.mean()), float(x_train.std())
-
-    def images(a: np.ndarray) -> Tensor:
-        return standardise(torch.from_numpy(np.ascontiguousarray(a)).unsqueeze(1), mean, std)
-
-    train_x, train_y = images(x_train), torch.from_numpy(y_train).long()
-    if imbalanced:
-        train_x, train_y = imbalance(train_x, train_y, IMPORTANT, IMBALANCE_FRACTION)
-    return Dataset(
-        name="digits_imbalanced" if imbalanced else "digits",
-        task="classification",
-        input_shape=(1, 8, 8),
-        n_outputs=10,
-        train_x=train_x,
-        train_y=train_y,
-        test_x=images(x_test),
-        test_y=torch.from_numpy(y_test).long(),
-        ood={name: images(_ood(name, x_test)) for name in ood_names},
-        cost_matrix=cost_matrix(10, IMPORTANT, IMPORTANT_COST),
-        pixel_mean=(mean,),
-        pixel_std=(std,),
-    )
+    ood = {name: _ood(name, x_test) for name in ood_names}
+    return digit_images_dataset("digits", split, mean, std, ood, imbalanced)
 
 
 def _load_imbalanced(

@@ -22,14 +22,15 @@ for the network; sign ∇ is the same in either space (the standard deviations a
 The samples are kept by :class:`ModelAverage`; :func:`craft` builds every (attack, ε) set, and
 :class:`AdversarialPredictives` accumulates any predictor stream on them (the attacked model average for
 white-box robustness; any method's posterior predictive for the transfer attack, crafted on the SGD point
-estimate of the same cell) and computes, per set, the accuracy under attack, the attack success rate and
-the AUROCs of telling adversarial from clean inputs by predictive entropy and by mutual information.
-See docs/adversarial.md.
+estimate of the same model, dataset and seed and passed between trials by :func:`examples_to_bytes`) and
+computes, per set, the accuracy under attack, the attack success rate and the AUROCs of telling
+adversarial from clean inputs by predictive entropy and by mutual information.  See docs/adversarial.md.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -77,6 +78,8 @@ DATASET_FAMILIES = {
     "digits_imbalanced": "digits",
     "mnist": "mnist",
     "mnist_imbalanced": "mnist",
+    "mnist_5k": "mnist",
+    "mnist_5k_imbalanced": "mnist",
     "fashion_mnist": "mnist",
     "kmnist": "mnist",
     "cifar10": "cifar",
@@ -94,14 +97,15 @@ DATASET_FAMILIES = {
 class AdversarialSettings:
     """The grid's ``adversarial`` block.  ``epsilons`` None means the dataset family's defaults
     (:func:`default_epsilons`); the family's reference ε (:data:`REFERENCE_EPSILON`) is always crafted too.
-    (The transfer attack is an API here, :class:`AdversarialPredictives` on any stream, not yet a grid
-    setting: trials do not share the cell's SGD network.)"""
+    ``transfer``: also evaluate every method on the examples crafted on the SGD point estimate of the same
+    (model, dataset, seed) (a black-box transfer attack; needs an ``sgd`` entry in the grid)."""
 
     attacks: tuple[str, ...] = ATTACKS
     epsilons: tuple[float, ...] | None = None
     n_examples: int = N_EXAMPLES
     attack_samples: int = ATTACK_SAMPLES
     pgd_steps: int = PGD_STEPS
+    transfer: bool = True
 
     def epsilons_for(self, dataset: str) -> tuple[float, ...]:
         """The grid's ε, else the family's defaults; with the family's reference ε (none for a dataset of no
@@ -122,7 +126,8 @@ def validate_adversarial(settings: Mapping[str, object] | None) -> AdversarialSe
     """The checked settings of a grid's ``adversarial`` block (None: all defaults).
 
     Raises ValueError naming the field and what it allows: an unknown key or attack, an ε that is not a
-    number in [0, 1] (pixel units), ``n_examples``, ``attack_samples`` or ``pgd_steps`` below 1.
+    number in [0, 1] (pixel units), ``n_examples``, ``attack_samples`` or ``pgd_steps`` below 1, a
+    ``transfer`` that is not a boolean.
     """
     if settings is None:
         return AdversarialSettings()
@@ -154,6 +159,10 @@ def validate_adversarial(settings: Mapping[str, object] | None) -> AdversarialSe
     for field in ("n_examples", "attack_samples", "pgd_steps"):
         if field in settings:
             out[field] = _positive_int(field, settings[field])
+    if "transfer" in settings:
+        if not isinstance(settings["transfer"], bool):
+            raise ValueError(f"adversarial.transfer: expected true or false, got {settings['transfer']!r}")
+        out["transfer"] = settings["transfer"]
     return AdversarialSettings(**out)
 
 
@@ -558,6 +567,28 @@ class AdversarialExamples:
         return {name: self.scale.to_inputs(p) for name, p in pixels.items()}
 
 
+def examples_to_bytes(examples: AdversarialExamples) -> bytes:
+    """The crafted examples as a file (``torch.save`` of CPU tensors, strings and floats only), for the
+    trials that score them as a transfer attack; the pixel scale is not saved (it is the dataset's)."""
+    buffer = io.BytesIO()
+    torch.save(
+        {
+            "clean_pixels": examples.clean_pixels.cpu(),
+            "labels": examples.labels.cpu(),
+            "sets": {name: (s.attack, s.epsilon, s.pixels.cpu()) for name, s in examples.sets.items()},
+        },
+        buffer,
+    )
+    return buffer.getvalue()
+
+
+def examples_from_bytes(saved: bytes, scale: PixelScale, device: torch.device) -> AdversarialExamples:
+    """:func:`examples_to_bytes` read back onto ``device`` (``weights_only``: a file holds no code)."""
+    loaded = torch.load(io.BytesIO(saved), map_location=device, weights_only=True)
+    sets = {name: AdversarialSet(attack, float(eps), pixels) for name, (attack, eps, pixels) in loaded["sets"].items()}
+    return AdversarialExamples(loaded["clean_pixels"], loaded["labels"], scale, sets)
+
+
 def craft(
     model: ModelAverage,
     x: Tensor,
@@ -630,7 +661,9 @@ class AdversarialPredictives:
     ``update(predictor)`` takes one posterior sample as a function from a whole set's inputs to its logits
     (for a trial's stream ``lambda x: predict(sample, x, precision)``; for the attacked model average each
     of :meth:`ModelAverage.predictors`).  Memory: (1 + sets) × n × K float64 sums, whatever the stream's
-    length, plus the normalised inputs (the crafted pixels are not kept).
+    length, plus the normalised inputs (the crafted pixels are not kept).  ``expected_entropy``, when given,
+    maps the same inputs to the sample's distilled expected entropy (shape n, or None where it has none),
+    handed to :meth:`ClassificationPredictive.update` (the transfer attack's scoring of a GPED student).
     """
 
     def __init__(self, examples: AdversarialExamples, n_classes: int) -> None:
@@ -640,9 +673,11 @@ class AdversarialPredictives:
         n, device = examples.labels.shape[0], examples.clean_pixels.device
         self._accumulators = {name: ClassificationPredictive(n, n_classes, device) for name in self._inputs}
 
-    def update(self, predictor: Callable[[Tensor], Tensor]) -> None:
+    def update(
+        self, predictor: Callable[[Tensor], Tensor], expected_entropy: Callable[[Tensor], Tensor | None] | None = None
+    ) -> None:
         for name, x in self._inputs.items():
-            self._accumulators[name].update(predictor(x))
+            self._accumulators[name].update(predictor(x), None if expected_entropy is None else expected_entropy(x))
 
     def metrics(self) -> dict[str, dict[str, float]]:
         """``{"clean": {"accuracy"}, set name: {"epsilon", :func:`adversarial_metrics`' keys}}``."""

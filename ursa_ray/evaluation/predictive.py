@@ -46,6 +46,14 @@ class ClassificationPredictive(_OnlineAccumulator):
     :func:`_entropy`, applied to float64 probabilities; with S = 1, p̄ is p_1 bit for bit, so H[p̄] and
     (1/S) Σ_s H[p_s] are the same number and the mutual information is exactly 0 (a single-sample method
     carries no knowledge uncertainty, and its mutual-information AUROCs are exactly 0.5: all scores tie).
+
+    **Distilled expectations.**  A single network may carry its own estimate of the expected entropy
+    (GPED, :mod:`ursa_ray.methods.distillation`: a head distilled from a Monte Carlo teacher).  It is
+    handed over per sample as ``update(logits, expected_entropy=...)`` and replaces H[p_s] in the running
+    sum, so ``expected_entropy`` and ``mutual_information`` mean the same as for a sampler (with S = 1:
+    MI = max(H[p_1] − the distilled estimate, 0)).  Without it (every other method) nothing changes, and
+    the S = 1 mutual information stays exactly 0.  The trial passes it for any predictor that has a
+    ``distilled_expected_entropy(x)`` method (docs/extending.md).
     """
 
     def __init__(self, n_examples: int, n_classes: int, device: torch.device | str = "cpu") -> None:
@@ -58,15 +66,26 @@ class ClassificationPredictive(_OnlineAccumulator):
         self._prob_sum = torch.zeros(n_examples, n_classes, dtype=torch.float64, device=self.device)
         self._entropy_sum = torch.zeros(n_examples, dtype=torch.float64, device=self.device)
 
-    def update(self, logits: Tensor) -> None:
-        """Add one posterior sample's logits (n×K, any floating dtype) to the running sums."""
+    def update(self, logits: Tensor, expected_entropy: Tensor | None = None) -> None:
+        """Add one posterior sample's logits (n×K, any floating dtype) to the running sums.
+
+        ``expected_entropy`` (shape n, non-negative), when given, is the sample's own estimate of the
+        expected entropy (a distilled head, see the class docstring) and is summed in place of H[p_s].
+        """
         if logits.shape != (self.n_examples, self.n_classes):
             raise ValueError(
                 f"expected logits of shape {(self.n_examples, self.n_classes)}, got {tuple(logits.shape)}"
             )
+        if expected_entropy is not None and expected_entropy.shape != (self.n_examples,):
+            raise ValueError(
+                f"expected expected_entropy of shape ({self.n_examples},), got {tuple(expected_entropy.shape)}"
+            )
         with torch.no_grad():
             p = torch.softmax(logits.detach().to(self.device, torch.float64), dim=-1)
-            self._entropy_sum += _entropy(p)
+            if expected_entropy is None:
+                self._entropy_sum += _entropy(p)
+            else:
+                self._entropy_sum += expected_entropy.detach().to(self.device, torch.float64).clamp_min(0.0)
             self._prob_sum += p
         self._n_samples += 1
 

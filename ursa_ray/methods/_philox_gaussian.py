@@ -1,7 +1,7 @@
 """Fast standard-normal vectors on the CPU: Philox4x32-10 counters through a vectorised Box–Muller transform.
 
-SGLD/SGHMC use this kernel on CPUs without AES instructions (on x86-64 with them, the AES kernel of
-:mod:`ursa_ray.methods._aes_gaussian`, which reuses the float32 Box–Muller constants defined here).
+SGLD/SGHMC draw their noise on the CPU with this kernel (:class:`~ursa_ray.methods._sgmcmc_kernels.
+GaussianNoise`; where numba cannot be imported they fall back to torch's ``normal_``).
 
 SGLD and SGHMC draw one N(0, I) vector of every parameter at every step.  On one CPU thread torch's
 ``Tensor.normal_`` spends about 3 ns per value in its scalar MT19937 generator alone (4–6 ns per normal
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
@@ -47,20 +46,19 @@ _JIT_FLAGS = {"error_model": "numpy", "fastmath": {"contract"}}
 _JIT = _JIT_FLAGS | {"cache": True}
 
 
+def _bitcast(context, builder, signature, args):
+    """The argument's bits reinterpreted as the return type (LLVM ``bitcast``: no instruction emitted)."""
+    return builder.bitcast(args[0], context.get_value_type(signature.return_type))
+
+
 @intrinsic
 def _float_bits(typingctx, x):  # noqa: ARG001 (numba's intrinsic signature)
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(types.float32), codegen
+    return types.uint32(types.float32), _bitcast
 
 
 @intrinsic
 def _bits_float(typingctx, x):  # noqa: ARG001
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return types.float32(types.uint32), codegen
+    return types.float32(types.uint32), _bitcast
 
 
 # Philox4x32 multipliers and Weyl key increments (Salmon et al. 2011, Table 2).

@@ -5,10 +5,11 @@
   Python loop, no temporaries).
 * :class:`GaussianNoise` adds fresh N(0, I) draws to a flat vector, seeded from the problem's generator
   (reproducible per seed; it leaves the problem's generator to the mini-batch order); on the CPU with the
-  vectorised AES kernel of :mod:`ursa_ray.methods._aes_gaussian` (SGLD's gradient step in the same pass),
-  or the Philox kernel of :mod:`ursa_ray.methods._philox_gaussian` on CPUs without AES instructions.
+  Philox kernel of :mod:`ursa_ray.methods._philox_gaussian` (numba), or torch's generator where numba
+  cannot be imported.
 * :func:`momentum_step_` is SGHMC's deterministic update (one numba pass on the CPU,
-  :mod:`ursa_ray.methods._momentum_cpu`).
+  :mod:`ursa_ray.methods._momentum_cpu`; three torch operations without numba or on other devices).
+* :func:`numba_kernels` is the one place that decides whether the numba kernels are used.
 * :func:`langevin_noise_std` is the single place where the injected-noise scale is computed.
 * The step-size schedules: constant, URSABench's cosine annealing to lr/2, and the cyclical cosine of
   Zhang et al. (2020).
@@ -16,7 +17,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -70,33 +73,47 @@ class FlatModel:
             raise FloatingPointError(f"parameters became non-finite {where}")
 
 
+@functools.cache
+def numba_kernels() -> tuple[Callable[..., None], Callable[..., None]] | None:
+    """The CPU kernels compiled with numba: (:func:`~ursa_ray.methods._philox_gaussian.add_standard_normal`,
+    :func:`~ursa_ray.methods._momentum_cpu.momentum_step`), or None where numba cannot be imported (then
+    the samplers use torch's generator and operations, slower on the CPU but with the same distribution).
+    Decided once per process (the import is attempted once)."""
+    try:
+        from ursa_ray.methods._momentum_cpu import momentum_step
+        from ursa_ray.methods._philox_gaussian import add_standard_normal
+    except ImportError:
+        return None
+    return add_standard_normal, momentum_step
+
+
 class GaussianNoise:
     """Fresh N(0, I) vectors ξ added to a flat parameter-sized tensor: ``add_to_(target, sigma, shrink,
     grad, lr)`` does target ← shrink·target − lr·grad + sigma·ξ in place.
 
-    On the CPU, one pass over the target: AES-128 counter blocks through a vectorised Box–Muller transform
-    (:mod:`ursa_ray.methods._aes_gaussian`) on x86-64 CPUs with AES instructions, else Philox4x32-10
-    (:mod:`ursa_ray.methods._philox_gaussian`, the gradient term as a second pass); 3–4× faster than
-    ``Tensor.normal_`` on one thread and with no noise buffer.  It runs on as many threads as torch has
-    (the trial's CPU share); the key is drawn from ``seed_from`` and each call uses the next counter.  The
-    two generators give different (equally distributed) values for a seed.  On other devices: ``normal_``
-    into a buffer, with a generator of its own on that device (Philox there already).  Either way the
-    problem's generator is touched once, at construction, and left to the mini-batch order."""
+    The noise stream.  At construction one integer ``seed`` ∈ [0, 2⁶²) is drawn from ``seed_from`` (the
+    problem's generator, touched only then and otherwise left to the mini-batch order); the stream is a
+    function of that seed only, whichever of the three generators below makes it:
+
+    * CPU with numba: Philox4x32-10 with key ``seed`` (:mod:`ursa_ray.methods._philox_gaussian`); draw k
+      (k = 0, 1, … counts the calls that draw) uses counter k, and the shrink is applied in the same pass,
+      the gradient term as a second torch pass.  3–5× faster than ``Tensor.normal_`` on one thread,
+      with no noise buffer; the draw is split over as many numba threads as torch has (the trial's CPU
+      share), and the values do not depend on that number.
+    * CPU without numba: ``Tensor.normal_`` into a buffer with a ``torch.Generator`` of its own (MT19937)
+      seeded with ``seed``.
+    * Other devices: the same on that device (Philox there already).
+
+    The generators give different (equally distributed) values for a seed, so a run is reproducible on one
+    setup, not across them."""
 
     def __init__(self, like: Tensor, seed_from: torch.Generator):
         seed = int(torch.randint(0, 2**62, (1,), generator=seed_from))
         self.draws = 0
-        self._aes = self._philox = None
-        if like.device.type == "cpu":
-            from ursa_ray.methods import _aes_gaussian  # llvmlite/numba: only where used
-
-            if _aes_gaussian.aes_available():
-                self._aes = _aes_gaussian.AESGaussian(seed)
-            else:
-                from ursa_ray.methods._philox_gaussian import add_standard_normal
-
-                self._philox = add_standard_normal
-                self._key = seed
+        kernels = numba_kernels() if like.device.type == "cpu" else None
+        self._philox = None if kernels is None else kernels[0]
+        if self._philox is not None:
+            self._key = seed
         else:
             self._generator = torch.Generator(device=like.device)
             self._generator.manual_seed(seed)
@@ -104,25 +121,19 @@ class GaussianNoise:
 
     @property
     def bits(self) -> str:
-        """The bit generator: "aes-128" or "philox4x32-10" on the CPU, "torch" elsewhere."""
-        return "aes-128" if self._aes is not None else "philox4x32-10" if self._philox is not None else "torch"
+        """The bit generator: "philox4x32-10" (the numba kernel) or "torch" (``normal_``)."""
+        return "philox4x32-10" if self._philox is not None else "torch"
 
     def add_to_(
         self, target: Tensor, sigma: float, shrink: float = 1.0, grad: Tensor | None = None, lr: float = 0.0
     ) -> Tensor:
         """target ← shrink·target − lr·grad + sigma·ξ with a fresh ξ, in place; returns ``target``."""
-        threads = torch.get_num_threads()
-        if self._aes is not None:
-            self._aes.add_to(
-                target.numpy(), self.draws, sigma, shrink, None if grad is None else grad.numpy(), lr, threads
-            )
+        if self._philox is not None:
+            self._philox(target.numpy(), self._key, self.draws, sigma, shrink, threads=torch.get_num_threads())
         else:
-            if self._philox is not None:
-                self._philox(target.numpy(), self._key, self.draws, sigma, shrink, threads=threads)
-            else:
-                target.mul_(shrink).add_(self._buffer.normal_(generator=self._generator), alpha=sigma)
-            if grad is not None:  # the gradient term as a second pass
-                target.add_(grad, alpha=-lr)
+            target.mul_(shrink).add_(self._buffer.normal_(generator=self._generator), alpha=sigma)
+        if grad is not None:  # the gradient term as a second pass
+            target.add_(grad, alpha=-lr)
         self.draws += 1
         return target
 
@@ -130,17 +141,9 @@ class GaussianNoise:
         self, theta: Tensor, velocity: Tensor, grad: Tensor, sigma: float, keep: float, lr: float, decay: float
     ) -> None:
         """SGHMC's noisy update in place: velocity ← keep·velocity − lr·grad − decay·theta + sigma·ξ with a
-        fresh ξ, then theta ← theta + velocity (one pass with the AES kernel; else the noise, then
-        :func:`momentum_step_`)."""
-        if self._aes is not None:
-            self._aes.momentum_step(
-                theta.numpy(), velocity.numpy(), grad.numpy(), self.draws, sigma, keep, lr, decay,
-                torch.get_num_threads(),
-            )
-            self.draws += 1
-        else:
-            self.add_to_(velocity, sigma, shrink=keep)
-            momentum_step_(theta, velocity, grad, 1.0, lr, decay)
+        fresh ξ, then theta ← theta + velocity (the noise pass, then :func:`momentum_step_`)."""
+        self.add_to_(velocity, sigma, shrink=keep)
+        momentum_step_(theta, velocity, grad, 1.0, lr, decay)
 
 
 def warm_up_kernels(device: torch.device) -> None:
@@ -156,13 +159,18 @@ def warm_up_kernels(device: torch.device) -> None:
 
 
 def momentum_step_(theta: Tensor, velocity: Tensor, grad: Tensor, keep: float, lr: float, decay: float) -> None:
-    """In place: velocity ← keep·velocity − lr·grad − decay·theta, then theta ← theta + velocity; one pass
-    on the CPU, three torch operations on other devices."""
-    if theta.device.type == "cpu":
-        from ursa_ray.methods._momentum_cpu import momentum_step  # numba: only where used
-
-        momentum_step(theta.numpy(), velocity.numpy(), grad.numpy(), keep, lr, decay)
+    """In place: velocity ← keep·velocity − lr·grad − decay·theta, then theta ← theta + velocity; one numba
+    pass on the CPU, three torch operations without numba or on other devices."""
+    kernels = numba_kernels() if theta.device.type == "cpu" else None
+    if kernels is not None:
+        kernels[1](theta.numpy(), velocity.numpy(), grad.numpy(), keep, lr, decay)
     else:
+        if not (theta.shape == velocity.shape == grad.shape and theta.ndim == 1):
+            raise ValueError(f"theta, velocity and grad must be 1-D of one length, got {tuple(theta.shape)}, "
+                             f"{tuple(velocity.shape)}, {tuple(grad.shape)}")
+        if not (theta.dtype == velocity.dtype == grad.dtype):
+            raise ValueError(f"theta, velocity and grad must share a float32/float64 dtype, got {theta.dtype}, "
+                             f"{velocity.dtype}, {grad.dtype}")
         velocity.mul_(keep).add_(grad, alpha=-lr).add_(theta, alpha=-decay)
         theta.add_(velocity)
 

@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ursa_ray.methods._sgmcmc_kernels import (
     FlatModel,
@@ -249,16 +250,9 @@ class _SGMCMC:
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
     ) -> Iterator[Predictor]:
         total, lr_at, noisy_at, sample_steps = self.plan(problem.n_train, config)
-        model = problem.make_model()
-        flat = FlatModel(model)
-        theta, grad = flat.theta, flat.grad
-        noise = GaussianNoise(theta, problem.generator)
-        velocity = torch.zeros_like(theta) if self.momentum else None
-        alpha = config["alpha"] if self.momentum else 1.0
+        chain = LangevinChain(problem.make_model(), problem, config, momentum=self.momentum)
+        model, flat = chain.model, chain.flat
         n_train = problem.n_train
-        decay = 1.0 / (n_train * config["prior_std"] ** 2)  # prior gradient θ/σ² times η = lr/N, per unit lr
-        temperature = config["temperature"]
-        nll = problem.likelihood.nll
         stats["n_samples"] = 0
         stats["grad_evals"] = 0.0
 
@@ -269,30 +263,10 @@ class _SGMCMC:
         model.train()
         for epoch in range(epochs):
             for xb, yb in problem.minibatches(config["batch_size"]):
-                lr = lr_at(step)
-                sigma = langevin_noise_std(lr / n_train, temperature, alpha) if noisy_at(step) else 0.0
-                with torch.enable_grad():
-                    loss = nll(model(xb), yb)
-                    flat.zero_grad()
-                    loss.backward()
-                if step == 0:
-                    flat.check_grad_views()
-                with torch.no_grad():
-                    if velocity is None:
-                        # θ ← θ − η∇Ũ + √(2ηT)ξ with η = lr/N (the prior's share of ∇Ũ as the shrink)
-                        if sigma > 0.0:
-                            noise.add_to_(theta, sigma, shrink=1.0 - lr * decay, grad=grad, lr=lr)
-                        else:
-                            theta.mul_(1.0 - lr * decay).add_(grad, alpha=-lr)
-                    else:
-                        # v ← (1−α)v − η∇Ũ + √(2αηT)ξ ;  θ ← θ + v
-                        if sigma > 0.0:
-                            noise.momentum_step_(theta, velocity, grad, sigma, 1.0 - alpha, lr, lr * decay)
-                        else:
-                            momentum_step_(theta, velocity, grad, 1.0 - alpha, lr, lr * decay)
+                loss = chain.step(xb, yb, lr_at(step), noisy_at(step))
                 step += 1
                 if next_sample < len(sample_steps) and step == sample_steps[next_sample]:
-                    flat.check_finite(loss.detach(), f"at step {step} (epoch {epoch + 1})")
+                    flat.check_finite(loss, f"at step {step} (epoch {epoch + 1})")
                     checked = step
                     next_sample += 1
                     stats["n_samples"] = next_sample
@@ -301,10 +275,59 @@ class _SGMCMC:
                     yield model
                     model.train()
             if step - checked >= 32 or epoch == epochs - 1:  # every epoch, unless epochs are tiny
-                flat.check_finite(loss.detach(), f"in epoch {epoch + 1}")
+                flat.check_finite(loss, f"in epoch {epoch + 1}")
                 checked = step
         stats["grad_evals"] = float(step)
 
+
+class LangevinChain:
+    """The state of one SGLD chain (``momentum`` False) or SGHMC chain on ``model``'s parameters, and its
+    update (module docstring); used by the samplers above and as the teacher of posterior distillation
+    (:mod:`ursa_ray.methods.distillation`).
+
+    ``config`` supplies ``prior_std``, ``temperature`` and, for SGHMC, ``alpha``.  The noise key is drawn
+    from ``problem.generator`` once, here.  ``model`` must be in training mode while it steps.
+    """
+
+    def __init__(self, model: torch.nn.Module, problem: Problem, config: Mapping[str, Any], *, momentum: bool):
+        self.model = model
+        self.flat = FlatModel(model)
+        self.noise = GaussianNoise(self.flat.theta, problem.generator)
+        self.velocity = torch.zeros_like(self.flat.theta) if momentum else None
+        self.alpha = config["alpha"] if momentum else 1.0
+        self.n_train = problem.n_train
+        self.decay = 1.0 / (self.n_train * config["prior_std"] ** 2)  # prior gradient θ/σ² times η = lr/N, per unit lr
+        self.temperature = config["temperature"]
+        self.nll = problem.likelihood.nll
+        self.steps = 0
+
+    def step(self, xb: Tensor, yb: Tensor, lr: float, noisy: bool = True) -> Tensor:
+        """One update on the mini-batch (``xb``, ``yb``) at per-example step size ``lr`` (η = lr / N), with the
+        Langevin noise when ``noisy``; returns the mini-batch's mean loss (detached)."""
+        theta, grad, velocity = self.flat.theta, self.flat.grad, self.velocity
+        sigma = langevin_noise_std(lr / self.n_train, self.temperature, self.alpha) if noisy else 0.0
+        with torch.enable_grad():
+            loss = self.nll(self.model(xb), yb)
+            self.flat.zero_grad()
+            loss.backward()
+        if self.steps == 0:
+            self.flat.check_grad_views()
+        with torch.no_grad():
+            if velocity is None:
+                # θ ← θ − η∇Ũ + √(2ηT)ξ with η = lr/N (the prior's share of ∇Ũ as the shrink)
+                if sigma > 0.0:
+                    self.noise.add_to_(theta, sigma, shrink=1.0 - lr * self.decay, grad=grad, lr=lr)
+                else:
+                    theta.mul_(1.0 - lr * self.decay).add_(grad, alpha=-lr)
+            else:
+                # v ← (1−α)v − η∇Ũ + √(2αηT)ξ ;  θ ← θ + v
+                keep, decay = 1.0 - self.alpha, lr * self.decay
+                if sigma > 0.0:
+                    self.noise.momentum_step_(theta, velocity, grad, sigma, keep, lr, decay)
+                else:
+                    momentum_step_(theta, velocity, grad, keep, lr, decay)
+        self.steps += 1
+        return loss.detach()
 
 METHODS = (
     _SGMCMC(

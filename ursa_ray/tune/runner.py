@@ -38,7 +38,7 @@ from ray.tune.search import Searcher  # noqa: E402
 from ray.tune.stopper import NoopStopper  # noqa: E402
 
 from ursa_ray.grid import Grid, GridError  # noqa: E402
-from ursa_ray.results import Location, ResultsDirectory  # noqa: E402
+from ursa_ray.results import Location, ResultsDirectory, transfer_examples_location  # noqa: E402
 from ursa_ray.tune.trainable import run_ursa_trial, search_trial_spec  # noqa: E402
 
 Echo = Callable[[str], None]
@@ -324,6 +324,8 @@ class ResultsCallback(tune.Callback):
                 points = _rows(folder / "points.parquet")
                 if (folder / "predictions").is_dir():
                     predictions = {p.stem: pd.read_parquet(p) for p in (folder / "predictions").glob("*.parquet")}
+                if (folder / "transfer.pt").exists():  # before the trial's rows: a finished source has its file
+                    self.results.transfer_examples(spec["trial_id"]).write_bytes((folder / "transfer.pt").read_bytes())
             status = record.get("status", "failed")
         elif error is not None:
             status = "failed"
@@ -428,21 +430,39 @@ class SpecQueue(Searcher):
     A ``tune.grid_search`` over the specs would do the same, but Tune deep-copies the whole search space
     for every variant it generates: quadratic in the number of trials (minutes before the first trial of
     a 6,800-trial grid starts).  This is linear.
+
+    The transfer attack's order: transfer sources (``transfer_source``) go first, trials that need none
+    next, and a trial scored on a source's examples (``transfer_from``) waits until that source is complete
+    (``suggest`` returns None meanwhile; Tune asks again), then gets ``transfer_examples``, the location of
+    the file its source saved under ``results_uri``, when there is one (a failed source saves none).  Tune
+    calls the searcher's ``on_trial_complete`` before the callbacks' and never suggests in between, so the
+    source's file is written before the waiting trial is handed out.
     """
 
-    def __init__(self, specs: list[dict[str, Any]]):
+    def __init__(self, specs: list[dict[str, Any]], results_uri: str):
         super().__init__()
-        self._specs = specs
+        self._specs = sorted(specs, key=lambda s: 0 if s.get("transfer_source") else 2 if "transfer_from" in s else 1)
+        self._results_uri = results_uri
+        self._unfinished_sources = {s["trial_id"] for s in specs if s.get("transfer_source")}
+        self._running: dict[str, str] = {}  # Tune trial id -> spec trial id
         self._next = 0
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | str:
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         if self._next >= len(self._specs):
             return Searcher.FINISHED
+        spec = self._specs[self._next]
+        if spec.get("transfer_from") in self._unfinished_sources:
+            return None
         self._next += 1
-        return {"spec": self._specs[self._next - 1]}
+        self._running[trial_id] = spec["trial_id"]
+        if "transfer_from" in spec:
+            saved = transfer_examples_location(self._results_uri, spec["transfer_from"])
+            spec = {**spec, "transfer_examples": saved.uri} if saved.exists() else spec
+        return {"spec": spec}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        """Nothing to learn: the queue is fixed."""
+        """A finished (or failed) transfer source releases the trials waiting for it."""
+        self._unfinished_sources.discard(self._running.pop(trial_id, ""))
 
 
 def run_trials(
@@ -470,7 +490,7 @@ def run_trials(
     if param_space is None:
         param_space = {}
         tune_config = tune.TuneConfig(
-            search_alg=SpecQueue(specs),
+            search_alg=SpecQueue(specs, results.location.uri),
             num_samples=len(specs),
             reuse_actors=True,
             max_concurrent_trials=grid.max_concurrent_trials,
@@ -508,7 +528,7 @@ def run_grid(grid: Grid, out_dir: str | Path | Location, address: str | None = N
         check_cluster_fits(grid)
         out = Location.parse(out_dir)
         results = ResultsDirectory(out)
-        (out / "grid.yaml").write_text(Path(grid.path).read_text())
+        (out / "grid.yaml").write_text(grid.source)
         summary = RunSummary()
         stamp = time.strftime("%Y%m%d-%H%M%S")
         overrides: dict[str, dict[str, Any]] = {}

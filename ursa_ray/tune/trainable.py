@@ -61,7 +61,12 @@ def run_ursa_trial(param: dict[str, Any]) -> None:
         outcome = run_trial(spec, progress=progress if spec["phase"] == "search" else None)
         record = {**outcome.record, "status": "ok", "error": ""}
         selection = outcome.selection
-        outcome_files = {"metrics": outcome.metrics, "points": outcome.points, "predictions": outcome.predictions}
+        outcome_files = {
+            "metrics": outcome.metrics,
+            "points": outcome.points,
+            "predictions": outcome.predictions,
+            "transfer": outcome.transfer_examples,
+        }
     except Exception as exc:  # noqa: BLE001 - every failure becomes a failed row, never a lost grid
         record = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
         selection = {}
@@ -82,6 +87,8 @@ def run_ursa_trial(param: dict[str, Any]) -> None:
             rows = outcome_files.get(name)
             if rows:
                 pd.DataFrame(rows).to_parquet(out / f"{name}.parquet", index=False)
+        if outcome_files.get("transfer"):
+            (out / "transfer.pt").write_bytes(outcome_files["transfer"])
         for eval_set, frame in (outcome_files.get("predictions") or {}).items():
             (out / "predictions").mkdir(exist_ok=True)
             frame.to_parquet(out / "predictions" / f"{eval_set}.parquet", index=False)

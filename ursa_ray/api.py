@@ -1,0 +1,90 @@
+"""The Python API: run a grid and load its results from a notebook or a script.
+
+    import ursa_ray
+
+    summary = ursa_ray.run("grids/quickstart.yaml", out="results/quickstart")   # or a dict, or a Grid
+    results = ursa_ray.load("results/quickstart")
+    results.composites                       # one row per method: composite scores and ranks
+    results.metrics.query("eval_set == 'test'")
+
+``ursa-ray run`` and ``ursa-ray report`` are thin layers over :func:`run` and :func:`load` (plus printing),
+so both give the same tables for the same grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ursa_ray.grid import Grid, GridError, check_data, load_grid, parse_grid
+from ursa_ray.results import Location
+
+
+def as_grid(grid: str | Path | Mapping[str, Any] | Grid) -> Grid:
+    """A validated :class:`Grid` from a grid file's path, a mapping shaped like a grid file, or a Grid.
+    Raises :class:`GridError` (one line naming the field) on a bad grid."""
+    if isinstance(grid, Grid):
+        return grid
+    if isinstance(grid, (str, Path)):
+        return load_grid(grid)
+    if isinstance(grid, Mapping):
+        return parse_grid(dict(grid), "<grid dict>")
+    raise TypeError(f"grid: expected a path, a mapping or a Grid, got {type(grid).__name__}")
+
+
+def results_location(grid: Grid, out: str | Path | Location | None) -> Location:
+    """Where ``grid``'s results go: ``out`` (a local folder or an object-store URI), else ``results/<grid name>``."""
+    given = out if out is not None else Path("results") / grid.name
+    try:
+        return Location.parse(given)  # a local folder, or an object-store URI (pyarrow.fs.FileSystem.from_uri)
+    except (ValueError, OSError) as exc:
+        raise GridError(f"--out {given}: {exc}") from exc
+
+
+def run(
+    grid: str | Path | Mapping[str, Any] | Grid,
+    out: str | Path | Location | None = None,
+    address: str | None = None,
+    echo: Callable[[str], None] = print,
+) -> Any:
+    """Run ``grid`` on Ray Tune and return its :class:`~ursa_ray.tune.runner.RunSummary`.
+
+    Everything that can be checked is checked before any trial starts (the grid, its data files, every
+    trial's hyperparameters, the results location; :class:`GridError` otherwise).  ``out`` defaults to
+    ``results/<grid name>``; running again with the same ``out`` resumes.  ``address``: a Ray cluster
+    (default ``RAY_ADDRESS``, else a local Ray).  ``echo`` receives the progress lines.
+    """
+    grid = as_grid(grid)
+    check_data(grid)
+    grid.trial_specs()  # every hyperparameter resolves before anything starts
+    where = results_location(grid, out)
+    from ursa_ray.tune.runner import run_grid  # imports Ray: only when something runs
+
+    return run_grid(grid, where, address=address, echo=echo)
+
+
+@dataclass(frozen=True)
+class BenchmarkResults:
+    """The tables of a results directory (see :mod:`ursa_ray.results` for their columns) and the composite
+    table the report prints first (:func:`analysis.composites.composite_scores`; empty without
+    classification test metrics)."""
+
+    trials: pd.DataFrame
+    metrics: pd.DataFrame
+    points: pd.DataFrame
+    composites: pd.DataFrame
+
+
+def load(out: str | Path | Location) -> BenchmarkResults:
+    """The results of a run: ``out`` as given to :func:`run` (a local folder or an object-store URI)."""
+    from analysis.composites import composite_scores
+    from analysis.tables import load_results
+
+    tables = load_results(out)
+    has_test = not tables.metrics.empty and (tables.metrics["eval_set"] == "test").any()
+    composites = composite_scores(tables.metrics, tables.trials) if has_test else pd.DataFrame()
+    return BenchmarkResults(tables.trials, tables.metrics, tables.points, composites)

@@ -1,0 +1,296 @@
+"""Posterior distillation: an SGLD teacher chain distilled online into one student network.
+
+Both methods run the SGLD chain of :mod:`ursa_ray.methods.sgmcmc` (:class:`~ursa_ray.methods.sgmcmc.LangevinChain`,
+constant step size, the same hyperparameters ``lr``, ``prior_std``, ``temperature``, ``batch_size``) for
+``epochs`` epochs; after the first ``burn_in_epochs``, every ``distill_every`` teacher steps the teacher's
+current parameters θ_t are one Monte Carlo sample, and the student takes one Adam step (``student_lr``) on a
+fresh mini-batch of perturbed training inputs x' = x + ``input_noise_std``·ε, ε ~ N(0, I) (Balan et al.'s
+student data D': training inputs perturbed by Gaussian noise), with the teacher's outputs on x' as targets.
+Only the current teacher sample and the student are held: memory is two networks (plus Adam's two moments
+of the student), whatever the number of teacher samples.
+
+* ``bdk``, Bayesian Dark Knowledge (Balan et al. 2015): the student S(y | x, w) minimises the Monte Carlo
+  estimate of KL(p(y | x, D) ‖ S(y | x, w)) over x ~ D', one teacher sample at a time:
+  loss(w) = −(1/|B'|) Σ_{x'∈B'} Σ_k p(k | x', θ_t) log S(k | x', w) (soft-target cross-entropy; it differs
+  from the KL by the teacher's entropy, constant in w).  Averaged over θ_t its minimiser is the posterior
+  predictive p̄(y | x) = E_θ[p(y | x, θ)].  For a Gaussian likelihood of known noise σ the KL between
+  N(f_t, σ²) and N(f_s, σ²) is (f_s − f_t)²/(2σ²), the loss used there (the student predicts the mean;
+  Balan et al. also distil a variance, which is not done here).
+* ``gped``, Generalized Posterior Expectation Distillation (Vadera et al. 2020a), classification only:
+  the student (:class:`ExpectationStudent`) has two heads on one network, logits for the posterior
+  predictive and h(x) ≥ 0 for the expected entropy E_θ[H[p(· | x, θ)]].  Each head regresses its own
+  posterior expectation from one teacher sample at a time:
+  loss = soft-target cross-entropy(logits, p(· | x', θ_t)) + (h(x') − H[p(· | x', θ_t)])²,
+  whose minimisers over the teacher's samples are p̄(x) and E_θ[H[p_θ(x)]].  The student alone then gives
+  total uncertainty H[p̄], aleatoric uncertainty h(x) and knowledge uncertainty max(H[p̄] − h(x), 0) in one
+  forward pass; the trial hands h(x) to the accumulator through ``distilled_expected_entropy``
+  (:class:`~ursa_ray.evaluation.predictive.ClassificationPredictive`).
+
+The student is a fresh ``problem.make_model()`` (the teacher's architecture), trained in training mode; the
+teacher's outputs on x' are computed without gradients in evaluation mode (batch-norm statistics untouched).
+The method yields one sample, the student.  ``stats``: ``teacher_steps`` (teacher gradient evaluations, one
+mini-batch backward pass each), ``student_steps`` (one backward pass through the student each; the teacher's
+forward pass on x' is not a gradient evaluation), ``grad_evals`` = their sum, ``teacher_samples`` = the
+teacher samples distilled (= ``student_steps``), ``n_samples`` = 1.  At test time the student alone counts:
+one network's storage (plus the entropy head for ``gped``) and one forward pass per prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ursa_ray.methods.base import (
+    Constraint,
+    Hyperparameter,
+    Predictor,
+    Problem,
+    check_constraints,
+    one_network_storage,
+)
+from ursa_ray.methods.sgmcmc import CHAIN_CONSTRAINTS, LangevinChain, _common, _steps_per_epoch
+
+
+def _hyperparameters(distill_every: int) -> tuple[Hyperparameter, ...]:
+    return _common(lr=0.1, prior_std=0.17) + (
+        Hyperparameter("epochs", int, 150, "teacher epochs in all, burn-in included", low=1),
+        Hyperparameter("burn_in_epochs", int, 50, "teacher epochs before the student starts learning", low=0),
+        Hyperparameter(
+            "distill_every", int, distill_every,
+            "teacher steps between two student steps after burn-in (each distils the teacher's current sample)",
+            low=1,
+        ),
+        Hyperparameter("student_lr", float, 1e-3, "Adam learning rate of the student", low=0.0),
+        Hyperparameter(
+            "input_noise_std", float, 0.1,
+            "std of the Gaussian noise added to the student's training inputs (its data D')", low=0.0,
+        ),
+    )
+
+
+def _student_steps(n_train: int, config: Mapping[str, Any]) -> int:
+    """Student steps (teacher samples distilled): one every ``distill_every`` post-burn-in teacher steps."""
+    per_epoch = _steps_per_epoch(n_train, config)
+    return max(0, config["epochs"] - config["burn_in_epochs"]) * per_epoch // config["distill_every"]
+
+
+def _distils_something(config: Mapping[str, Any], n_train: int | None) -> str | None:
+    """At least one student step after burn-in (checked when ``n_train`` is known)."""
+    if n_train is None or _student_steps(n_train, config) >= 1:
+        return None
+    sampling = (config["epochs"] - config["burn_in_epochs"]) * _steps_per_epoch(n_train, config)
+    return (
+        f"distill_every must be at most the {sampling} post-burn-in teacher steps ((epochs − burn_in_epochs) × "
+        f"{_steps_per_epoch(n_train, config)} steps per epoch of {n_train} examples at batch_size "
+        f"{config['batch_size']}); got distill_every={config['distill_every']}"
+    )
+
+
+CONSTRAINTS = (
+    CHAIN_CONSTRAINTS[0],  # burn_in_epochs < epochs
+    Constraint(
+        ("distill_every", "epochs", "burn_in_epochs", "batch_size"),
+        "distill_every ≤ (epochs − burn_in_epochs) · ⌈N / batch_size⌉ (N training examples)",
+        _distils_something,
+    ),
+)
+
+
+def _entropy(probs: Tensor) -> Tensor:
+    return torch.special.entr(probs).sum(-1)
+
+
+def output_layer(network: nn.Module) -> nn.Linear:
+    """The last ``nn.Linear`` of ``network`` (its output layer: the models here end in one)."""
+    linears = [m for m in network.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError("gped's expected-entropy head needs a network whose output layer is an nn.Linear")
+    return linears[-1]
+
+
+class ExpectationStudent(nn.Module):
+    """GPED's student: ``network`` (logits, the posterior-predictive head) and a second head on the output
+    layer's inputs (the penultimate features φ(x)), h(x) = softplus(v·φ(x) + c), the expected entropy.
+
+    ``forward(x)`` returns the logits and ``distilled_expected_entropy(x)`` h(x), shape (n,); both run the
+    whole student (both heads), so one forward pass, the one FLOPs are counted on, is the cost of a
+    prediction.  An ``nn.Module`` whose parameters are the network's and the head's (storage, bit depths).
+    """
+
+    def __init__(self, network: nn.Module):
+        super().__init__()
+        self.network = network
+        layer = output_layer(network)
+        self.entropy_head = nn.Linear(layer.in_features, 1).to(layer.weight.device)
+        self._features: Tensor | None = None
+        layer.register_forward_hook(self._keep_features)
+
+    def _keep_features(self, module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
+        self._features = inputs[0]
+
+    def outputs(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(logits, h(x)) of one pass."""
+        logits = self.network(x)
+        features, self._features = self._features, None
+        return logits, nn.functional.softplus(self.entropy_head(features).float()).squeeze(-1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.outputs(x)[0]
+
+    def distilled_expected_entropy(self, x: Tensor) -> Tensor:
+        return self.outputs(x)[1]
+
+
+StudentLoss = Callable[[nn.Module, Tensor, Tensor], Tensor]
+"""``loss(student, x', teacher outputs on x')``: the student's loss on one mini-batch."""
+
+
+def soft_cross_entropy(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+    """−mean_x Σ_k p_t(k | x) log s(k | x): the KL from the teacher's to the student's predictive, less the
+    teacher's entropy (constant in the student)."""
+    targets = torch.softmax(teacher_logits.float(), -1)
+    return -(targets * torch.log_softmax(student_logits.float(), -1)).sum(-1).mean()
+
+
+def bdk_loss(problem: Problem) -> StudentLoss:
+    """Balan et al.'s per-sample KL: soft-target cross-entropy, or (f_s − f_t)²/(2σ²) for a Gaussian."""
+    if problem.likelihood.name == "gaussian":
+        scale = 0.5 / problem.likelihood.noise_std**2
+        return lambda student, x, teacher: scale * ((student(x).float() - teacher.float()) ** 2).mean()
+    return lambda student, x, teacher: soft_cross_entropy(student(x), teacher)
+
+
+def gped_loss(student: ExpectationStudent, x: Tensor, teacher_logits: Tensor) -> Tensor:
+    """Soft-target cross-entropy on the predictive head + squared error of h(x') against H[p(· | x', θ_t)]."""
+    logits, entropy = student.outputs(x)
+    target = _entropy(torch.softmax(teacher_logits.float(), -1))
+    return soft_cross_entropy(logits, teacher_logits) + ((entropy - target) ** 2).mean()
+
+
+class StudentTrainer:
+    """The student's side: one Adam step on perturbed inputs against a given teacher network.
+
+    Each :meth:`step` draws ``batch_size`` training inputs uniformly with replacement (``problem.augment``
+    applied where the dataset has one) and adds N(0, input_noise_std²) noise, from a generator on the
+    problem's device seeded once from ``problem.generator``.
+    """
+
+    def __init__(self, student: nn.Module, loss: StudentLoss, problem: Problem, config: Mapping[str, Any]):
+        self.student, self.loss, self.problem = student, loss, problem
+        self.batch_size, self.noise_std = config["batch_size"], config["input_noise_std"]
+        self.optimiser = torch.optim.Adam(student.parameters(), lr=config["student_lr"])
+        seed = int(torch.randint(0, 2**62, (1,), generator=problem.generator))
+        self.generator = torch.Generator(problem.device).manual_seed(seed)
+        self.steps = 0
+        student.train()
+
+    def inputs(self) -> Tensor:
+        """One mini-batch of the student's data D': perturbed training inputs."""
+        index = torch.randint(0, self.problem.n_train, (self.batch_size,), generator=self.generator,
+                              device=self.problem.device)
+        x = self.problem.x[index]
+        if self.problem.augment is not None:
+            x = self.problem.augment(x, self.problem.generator)
+        if self.noise_std > 0:
+            x = x + self.noise_std * torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
+        return x
+
+    def step(self, teacher: nn.Module) -> Tensor:
+        """One student step against ``teacher``'s outputs; returns the loss (detached)."""
+        x = self.inputs()
+        mode = teacher.training
+        teacher.eval()
+        with torch.no_grad():
+            target = teacher(x)
+        teacher.train(mode)
+        with torch.enable_grad():
+            loss = self.loss(self.student, x, target)
+            self.optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+        self.optimiser.step()
+        self.steps += 1
+        return loss.detach()
+
+
+def interleaved_distillation(
+    problem: Problem, config: Mapping[str, Any], trainer: StudentTrainer, stats: dict[str, float]
+) -> Iterator[nn.Module]:
+    """Run the SGLD teacher chain for ``epochs`` epochs, a student step after every ``distill_every``-th
+    post-burn-in teacher step; yields the teacher network (its current sample, valid until the next) right
+    after each student step.  Fills ``stats`` (module docstring); FloatingPointError on a non-finite loss.
+    """
+    chain = LangevinChain(problem.make_model(), problem, config, momentum=False)
+    burn_in = config["burn_in_epochs"] * _steps_per_epoch(problem.n_train, config)
+    lr, every = config["lr"], config["distill_every"]
+    teacher_loss = student_loss = torch.zeros(())
+    chain.model.train()
+    for epoch in range(config["epochs"]):
+        for xb, yb in problem.minibatches(config["batch_size"]):
+            teacher_loss = chain.step(xb, yb, lr)
+            if chain.steps > burn_in and (chain.steps - burn_in) % every == 0:
+                student_loss = trainer.step(chain.model)
+                stats.update(teacher_steps=float(chain.steps), student_steps=float(trainer.steps))
+                yield chain.model
+        chain.flat.check_finite(teacher_loss, f"in teacher epoch {epoch + 1}")
+        if not torch.isfinite(student_loss):
+            raise FloatingPointError(f"the student's loss became {student_loss.item()} in epoch {epoch + 1}")
+    stats.update(
+        teacher_steps=float(chain.steps),
+        student_steps=float(trainer.steps),
+        teacher_samples=float(trainer.steps),
+        grad_evals=float(chain.steps + trainer.steps),
+    )
+
+
+class _Distillation:
+    """``bdk`` (``expectations`` False) and ``gped`` (True): the shared teacher chain and student loop."""
+
+    def __init__(self, name: str, description: str, *, expectations: bool, distill_every: int):
+        self.name = name
+        self.description = description
+        self.hyperparameters = _hyperparameters(distill_every)
+        self.constraints = CONSTRAINTS
+        self.posterior_storage = one_network_storage  # the student (with its entropy head for gped)
+        self.expectations = expectations
+
+    def student(self, problem: Problem) -> tuple[nn.Module, StudentLoss]:
+        """A fresh student and its loss."""
+        if not self.expectations:
+            return problem.make_model(), bdk_loss(problem)
+        if problem.likelihood.name != "categorical":
+            raise ValueError("gped distils expected entropies of class probabilities: classification only")
+        return ExpectationStudent(problem.make_model()), gped_loss
+
+    def sample_posterior(
+        self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+    ) -> Iterator[Predictor]:
+        check_constraints(self, config, problem.n_train)
+        student, loss = self.student(problem)
+        trainer = StudentTrainer(student, loss, problem, config)
+        for _ in interleaved_distillation(problem, config, trainer, stats):
+            pass
+        student.eval()
+        stats["n_samples"] = 1
+        yield student
+
+
+METHODS = (
+    _Distillation(
+        "bdk",
+        "Bayesian Dark Knowledge (Balan et al. 2015): an SGLD teacher distilled online into one student "
+        "network by the KL between their predictives on noise-perturbed inputs",
+        expectations=False,
+        distill_every=1,
+    ),
+    _Distillation(
+        "gped",
+        "Generalized Posterior Expectation Distillation (Vadera et al. 2020a): an SGLD teacher's predictive "
+        "and expected entropy distilled online into a two-head student (total, aleatoric and knowledge "
+        "uncertainty in one pass)",
+        expectations=True,
+        distill_every=1,
+    ),
+)
