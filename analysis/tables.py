@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ursa_ray.results import Location, is_uri
+from ursa_ray.results import Location, NotAResultsDirectory, is_uri
 
 
 @dataclass
@@ -23,7 +23,7 @@ def load_results(path: str | Path | Location) -> Results:
     (empty frames for the ones a run did not produce)."""
     where = path if isinstance(path, Location) else Location.parse(path if is_uri(path) else Path(path))
     if not (where / "trials.parquet").exists():
-        raise FileNotFoundError(f"{path}: no trials.parquet; is this an ursa-ray results directory?")
+        raise NotAResultsDirectory(f"{path}: no trials.parquet; is this an ursa-ray results directory?")
 
     def read(name: str) -> pd.DataFrame:
         file = where / f"{name}.parquet"

@@ -82,12 +82,12 @@ def test_submit_entry_builds_the_run_command(tmp_path, monkeypatch):
 
 def test_fit_check_counts_node_types_the_autoscaler_may_add(ray_session, tmp_path, monkeypatch):
     from ursa_ray.grid import GridError, parse_grid
-    from ursa_ray.tune import runner
+    from ursa_ray.tune import trials
 
     grid = parse_grid(dict(TINY, resources={"cpu": 1, "gpu": 1}), str(tmp_path / "gpu.yaml"))
-    monkeypatch.setattr(runner, "LAUNCHER_CONFIG", tmp_path / "absent.yaml")
+    monkeypatch.setattr(trials, "LAUNCHER_CONFIG", tmp_path / "absent.yaml")
     with pytest.raises(GridError, match="GPU=1, which no node"):
-        runner.check_cluster_fits(grid)
+        trials.check_cluster_fits(grid)
     launcher = {
         "head_node_type": "head",
         "available_node_types": {
@@ -96,12 +96,12 @@ def test_fit_check_counts_node_types_the_autoscaler_may_add(ray_session, tmp_pat
         },
     }
     (tmp_path / "bootstrap.yaml").write_text(yaml.safe_dump(launcher))
-    monkeypatch.setattr(runner, "LAUNCHER_CONFIG", tmp_path / "bootstrap.yaml")
-    runner.check_cluster_fits(grid)  # the autoscaler can add a g5 worker: Tune waits for it
+    monkeypatch.setattr(trials, "LAUNCHER_CONFIG", tmp_path / "bootstrap.yaml")
+    trials.check_cluster_fits(grid)  # the autoscaler can add a g5 worker: Tune waits for it
     launcher["available_node_types"]["gpu_worker"]["max_workers"] = 0
     (tmp_path / "bootstrap.yaml").write_text(yaml.safe_dump(launcher))
     with pytest.raises(GridError, match="GPU=1"):
-        runner.check_cluster_fits(grid)
+        trials.check_cluster_fits(grid)
 
 
 # ------------------------------------------------------------------------------------- the local cluster

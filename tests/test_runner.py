@@ -5,7 +5,7 @@ from __future__ import annotations
 from ray.tune.search import Searcher
 
 from ursa_ray.grid import parse_grid
-from ursa_ray.tune.runner import SpecQueue
+from ursa_ray.tune.trials import SpecQueue
 
 
 def test_spec_queue_hands_out_every_trial_once_in_order_without_copies(tmp_path):

@@ -26,7 +26,7 @@ from analysis.cost import cost_table
 from ursa_ray.cli import main
 from ursa_ray.grid import parse_grid
 from ursa_ray.results import ResultsDirectory
-from ursa_ray.tune.runner import Interrupt, ResultsCallback, RunStopper, RunSummary
+from ursa_ray.tune.trials import Interrupt, ResultsCallback, RunStopper, RunSummary
 from ursa_ray.tune.search import ComputeBudget, _search_algorithm, search_plan
 
 MLP = [{"name": "mlp", "options": {"widths": [32]}}]
@@ -331,7 +331,7 @@ def test_a_trial_stopped_by_ctrl_c_is_not_recorded(tmp_path):
 def test_a_cell_whose_final_phase_started_keeps_its_configuration(tmp_path, monkeypatch):
     """Failed search trials are not done, but once the final phase ran a rerun must not reopen the search:
     a new best would give the cell a second set of final trials (their ids hash the configuration)."""
-    import ursa_ray.tune.runner as runner
+    import ursa_ray.tune.search as search_module
     from ursa_ray.tune.search import run_search_phase
 
     grid = parse_grid({**DIVERGING, "methods": DIVERGING["methods"][:1]}, "s.yaml")
@@ -347,7 +347,7 @@ def test_a_cell_whose_final_phase_started_keeps_its_configuration(tmp_path, monk
     def no_search(*args, **kwargs):
         raise AssertionError("the search was reopened")
 
-    monkeypatch.setattr(runner, "run_trials", no_search)
+    monkeypatch.setattr(search_module, "run_trials", no_search)
     lines = []
     summary = RunSummary()
     assert run_search_phase(grid, results, summary, lines.append, "stamp") == {"sgd/mlp/digits": {"lr": 0.3}}

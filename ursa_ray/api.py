@@ -50,21 +50,33 @@ def run(
     out: str | Path | Location | None = None,
     address: str | None = None,
     echo: Callable[[str], None] = print,
+    allow_grid_change: bool = False,
 ) -> Any:
-    """Run ``grid`` on Ray Tune and return its :class:`~ursa_ray.tune.runner.RunSummary`.
+    """Run ``grid`` on Ray Tune and return its :class:`~ursa_ray.tune.trials.RunSummary`.
 
     Everything that can be checked is checked before any trial starts (the grid, its data files, every
     trial's hyperparameters, the results location; :class:`GridError` otherwise).  ``out`` defaults to
     ``results/<grid name>``; running again with the same ``out`` resumes.  ``address``: a Ray cluster
     (default ``RAY_ADDRESS``, else a local Ray).  ``echo`` receives the progress lines.
+
+    A results directory belongs to one grid and one run at a time (:mod:`ursa_ray.guard`): ``out`` written by
+    a different grid is refused unless ``allow_grid_change`` (every version of the grid is then kept), and
+    ``out`` is locked while the run lasts (local directories; another run on it is refused).  Both are
+    checked, like a file or an unwritable place given as ``out``, before Ray starts (:class:`GridError`).
     """
+    from ursa_ray.guard import check_grid, check_out_location, record_grid, results_lock
+
     grid = as_grid(grid)
     check_data(grid)
     grid.trial_specs()  # every hyperparameter resolves before anything starts
     where = results_location(grid, out)
-    from ursa_ray.tune.runner import run_grid  # imports Ray: only when something runs
+    check_out_location(where)
+    fingerprint = check_grid(where, grid, allow_grid_change)  # a quick refusal before the lock is taken
+    with results_lock(where, echo):
+        check_grid(where, grid, allow_grid_change)  # again, now that no other run can change it
+        from ursa_ray.tune.runner import run_grid  # imports Ray: only when something runs
 
-    return run_grid(grid, where, address=address, echo=echo)
+        return run_grid(grid, where, address=address, echo=echo, keep_grid=lambda at: record_grid(at, grid, fingerprint))
 
 
 @dataclass(frozen=True)

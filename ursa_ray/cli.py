@@ -1,6 +1,7 @@
 """The ``ursa-ray`` command: run, validate, report, and list methods, models and datasets.
 
-Exit status: 0 success; 1 some trials failed; 2 a bad grid (nothing was run or written); 130 interrupted
+Exit status: 0 success; 1 some trials failed; 2 a bad grid, or a results directory that cannot be used (another
+grid's, locked by another run, a file, unwritable, or without results for ``report``: nothing was run or written); 130 interrupted
 (rerun the same command to resume).
 """
 
@@ -40,13 +41,13 @@ def _unreachable(address: str) -> str | None:
 
 
 def _check_resources(grid: Grid, address: str | None) -> str:
-    """``run``'s resource-fit check (:func:`ursa_ray.tune.runner.check_cluster_fits`) against the Ray cluster
+    """``run``'s resource-fit check (:func:`ursa_ray.tune.trials.check_cluster_fits`) against the Ray cluster
     at ``address`` (else ``RAY_ADDRESS``) when one is reachable; never starts a local Ray.  Returns the line
     to print; GridError when no node of the cluster fits one trial."""
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         return "resources: not checked: no Ray cluster given (set RAY_ADDRESS or pass --address to check them)"
-    from ursa_ray.tune.runner import check_cluster_fits, connect, trial_resources
+    from ursa_ray.tune.trials import check_cluster_fits, connect, trial_resources
 
     reason = _unreachable(address)
     if reason is None:
@@ -86,7 +87,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid)
     out = args.out or str(Path("results") / grid.name)
     try:
-        summary = api.run(grid, out, address=args.address)
+        summary = api.run(grid, out, address=args.address, allow_grid_change=args.allow_grid_change)
     except KeyboardInterrupt:  # a second Ctrl-C: stopped at once (never in the middle of writing a trial's rows)
         print("aborted: stopped at once; finished trials are kept; run the same command again to resume", file=sys.stderr)
         return 130
@@ -123,8 +124,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import write_report
+    from ursa_ray.results import NotAResultsDirectory
 
-    text = write_report(args.results, cost=args.cost)
+    try:
+        text = write_report(args.results, cost=args.cost)
+    except NotAResultsDirectory as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(text)
     return 0
 
@@ -184,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", help="results directory or object-store URI, e.g. s3://bucket/prefix (default results/<grid name>)"
     )
     run.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    run.add_argument(
+        "--allow-grid-change",
+        action="store_true",
+        help="add a changed grid's trials to a results directory another grid wrote (every grid version is kept "
+        "in DIR/grid-versions/)",
+    )
     run.set_defaults(func=_cmd_run)
     validate = sub.add_parser("validate", help="check a grid without running anything")
     validate.add_argument("grid")

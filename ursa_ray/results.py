@@ -12,7 +12,9 @@ Layout (a contract for users and for the ``analysis`` package):
   ``save_predictions: true``;
 - ``transfer/<trial_id>.pt``: the adversarial examples a transfer source (the SGD trial of a model, dataset
   and seed) crafted, which the other trials of that model, dataset and seed are scored on;
-- ``grid.yaml``: the grid that produced the results; ``ray/``: Ray Tune's own experiment folders.
+- ``grid.yaml``: the grid that produced the results (``grid.json``: its fingerprint, ``grid-versions/``: every
+  version run in this directory, see :mod:`ursa_ray.guard`); ``ray/``: Ray Tune's own experiment folders;
+  ``.lock``: held by the run in progress.
 
 Where the directory lives (:class:`Location`): a local path, or any URI that
 ``pyarrow.fs.FileSystem.from_uri`` accepts, such as ``s3://bucket/prefix`` (a custom endpoint and other
@@ -58,6 +60,10 @@ POINT_COLUMNS = [
 ]
 TABLES = {"trials": TRIAL_COLUMNS, "metrics": METRIC_COLUMNS, "points": POINT_COLUMNS}
 REWRITTEN = ("trials", "metrics")  # rewritten whole per trial; points are written per trial
+
+
+class NotAResultsDirectory(FileNotFoundError):
+    """A folder (or URI) without ``trials.parquet``: not the results of an ``ursa-ray run``."""
 
 
 def write_atomic(path: Path, write: Any) -> None:

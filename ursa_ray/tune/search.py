@@ -34,6 +34,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from ursa_ray.grid import Grid, cell_key
 from ursa_ray.results import ResultsDirectory
+from ursa_ray.tune.trials import run_trials
 
 DISTRIBUTIONS = {
     "uniform": lambda d: tune.uniform(d["low"], d["high"]),
@@ -146,8 +147,6 @@ def run_search_phase(
     """Search every cell that has a search space; return {cell key: best hyperparameters}.
 
     Stops at once (returns what it has) when ``interrupt`` is set: the caller then runs no final phase."""
-    from ursa_ray.tune.runner import run_trials
-
     settings = grid.search
     assert settings is not None
     overrides: dict[str, dict[str, Any]] = {}

@@ -1,0 +1,514 @@
+"""The trial-running machinery both phases use: Ray Tune experiments whose finished trials are written into the
+results directory as they finish.
+
+:func:`run_trials` runs one Tune experiment (the final phase's specs through :class:`SpecQueue`, or one
+search cell's configurations).  A :class:`ResultsCallback` on the driver writes every trial's rows as soon as
+Tune reports it complete (or errored), so an interrupted run keeps everything that finished; a rerun skips
+finished trial ids.
+
+Ctrl-C (SIGINT) is ours, not Tune's (:class:`Interrupt`): the first asks every phase to stop (the
+:class:`RunStopper` ends the running Tune experiment at its next step, trials that did not finish are not
+recorded, no later cell or phase starts), a second aborts at once, though never in the middle of writing
+a trial's rows.
+
+The dependency goes one way: :mod:`ursa_ray.tune.runner` (the driver: :func:`~ursa_ray.tune.runner.run_grid`)
+and :mod:`ursa_ray.tune.search` (the search phase) import this module; it imports neither.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+import ray
+from ray import cloudpickle, tune
+from ray.tune.search import Searcher
+from ray.tune.stopper import NoopStopper
+
+from ursa_ray.grid import Grid, GridError
+from ursa_ray.results import ResultsDirectory, transfer_examples_location
+from ursa_ray.tune.trainable import run_ursa_trial, search_trial_spec
+
+Echo = Callable[[str], None]
+
+
+def connect(address: str | None) -> None:
+    """Join the cluster at ``address`` (or ``RAY_ADDRESS``), else start a small local Ray."""
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    common = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+    if address:
+        ray.init(address=address, **common)
+    else:  # "local": a new local Ray even when `ray start` left a cluster on this machine
+        ray.init(address="local", object_store_memory=256 * 1024**2, **common)
+
+
+def trial_resources(grid: Grid) -> dict[str, float]:
+    need = {"CPU": float(grid.resources["cpu"]), "GPU": float(grid.resources["gpu"])}
+    need.update({k: float(v) for k, v in grid.resources["custom"].items()})
+    return {k: v for k, v in need.items() if v > 0}
+
+
+# Written by the cluster launcher (`ray up`) on the head node: the node types its autoscaler may add.
+LAUNCHER_CONFIG = Path("~/ray_bootstrap_config.yaml")
+
+
+def launchable_node_resources() -> list[dict[str, float]]:
+    """Resources of the node types an autoscaler may still add: the autoscaler v2 / KubeRay config in the GCS,
+    else the launcher's config on a `ray up` head (worker types with max_workers 0 excluded)."""
+    offers: list[dict[str, float]] = []
+    try:
+        config = ray._private.state.state.get_cluster_config()
+    except Exception:  # noqa: BLE001 - no autoscaler config in this cluster's GCS
+        config = None
+    for group in getattr(config, "node_group_configs", None) or []:
+        if group.max_count != 0:
+            offers.append({k: float(v) for k, v in group.resources.items()})
+    path = LAUNCHER_CONFIG.expanduser()
+    if not offers and path.is_file():
+        import yaml
+
+        try:
+            launcher = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            launcher = {}
+        for name, node_type in (launcher.get("available_node_types") or {}).items():
+            if node_type.get("max_workers", 1) != 0 or name == launcher.get("head_node_type"):
+                offers.append({k: float(v) for k, v in (node_type.get("resources") or {}).items()})
+    return offers
+
+
+def check_cluster_fits(grid: Grid) -> None:
+    """GridError when no alive node (nor any node type the autoscaler may add) has the resources one trial asks
+    for (Ray would wait forever)."""
+    need = trial_resources(grid)
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")] + launchable_node_resources()
+    if any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
+        return
+    offered = "; ".join(
+        ", ".join(f"{k}={v:g}" for k, v in sorted(node.items()) if k in ("CPU", "GPU") or k in need) for node in nodes
+    )
+    short = {k: v for k, v in need.items() if not any(node.get(k, 0.0) >= v for node in nodes)}
+    which = ", ".join(f"{k}={v:g}" for k, v in short.items()) or ", ".join(f"{k}={v:g}" for k, v in need.items())
+    raise GridError(
+        f"{grid.path}: resources: each trial asks for {which}, which no node of the Ray cluster has "
+        f"(nodes offer: {offered or 'nothing'})"
+    )
+
+
+@dataclass
+class RunSummary:
+    """What a run did.  ``planned``/``skipped`` count final-phase trials; ``finished``, ``failed`` (id, error)
+    and ``early_stopped`` hold the trial ids of both phases recorded by this run."""
+
+    planned: int = 0
+    skipped: int = 0
+    finished: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    early_stopped: list[str] = field(default_factory=list)
+    recorded: dict[str, int] = field(default_factory=lambda: {"search": 0, "final": 0})
+    search_failed: list[str] = field(default_factory=list)
+    """Search trials (ids) that failed: recorded, never selected."""
+    failed_cells: list[tuple[str, str]] = field(default_factory=list)
+    """(cell, why) for cells whose search left no configuration to select: their final phase was not run."""
+    budget_stopped: list[str] = field(default_factory=list)
+    """Cells whose search this run ended by spending its compute budget."""
+    interrupted: bool = False
+    unfinished_search: int = 0
+    """Search trials that were running when Ctrl-C stopped the run (not recorded: a rerun replaces them)."""
+
+    @property
+    def incomplete(self) -> int:
+        """Trials that did not finish: final trials planned but not recorded, and interrupted search trials."""
+        return self.planned - self.skipped - self.recorded["final"] + self.unfinished_search
+
+
+class Interrupt:
+    """Ctrl-C during a run.  The first SIGINT only sets a flag: the running Tune experiment stops at its next
+    step (:class:`RunStopper`), and no later cell or phase starts.  A second SIGINT raises KeyboardInterrupt,
+    deferred while a trial's rows are being written (:meth:`critical`), so no file is ever half-written."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.announced = False
+        self._critical = 0
+        self._abort_pending = False
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    def __reduce__(self) -> tuple:  # Tune pickles its run config (stopper included): a copy is a fresh Interrupt
+        return (Interrupt, ())
+
+    @contextlib.contextmanager
+    def catching(self) -> Iterator[Interrupt]:
+        """Handle SIGINT (main thread only) instead of Tune, whose own handler would end one experiment and
+        let the driver carry on to the next cell and phase."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = signal.getsignal(signal.SIGINT)
+        tune_handler = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+        os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+        signal.signal(signal.SIGINT, self._handle)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            if tune_handler is None:
+                os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+            else:
+                os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = tune_handler
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.event.is_set():
+            self.event.set()  # nothing printed here: a handler must not write to a stream the driver may be using
+            return
+        if self._critical:
+            self._abort_pending = True
+            return
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def critical(self) -> Iterator[None]:
+        """A block a second Ctrl-C does not cut short (writing one trial's rows)."""
+        self._critical += 1
+        try:
+            yield
+        finally:
+            self._critical -= 1
+            if self._abort_pending and not self._critical:
+                self._abort_pending = False
+                raise KeyboardInterrupt
+
+
+class RunStopper(tune.Stopper):
+    """Ends a Tune experiment when Ctrl-C was pressed, or (search phase) when the cell's compute budget is spent.
+
+    Tune asks :meth:`stop_all` at every step of its loop (about every 0.1 s), so the budget is checked while
+    trials run, counting their reserved seconds so far (:meth:`ResultsCallback.reserved`)."""
+
+    def __init__(self, interrupt: Interrupt, echo: Echo, budget: Any = None):
+        self.interrupt, self.echo, self.budget = interrupt, echo, budget
+        self.callback: ResultsCallback | None = None
+        self.reason: str | None = None  # "interrupt" or "budget" once it stopped the experiment
+        self.stopped_at: float | None = None
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return False
+
+    def __reduce__(self) -> tuple:
+        """Tune's experiment-state snapshots pickle the run config, this stopper with it (its echo and live
+        callback cannot be pickled).  ursa-ray never restores a Tune experiment (a rerun resumes from its own
+        results), so a snapshot holds a stopper that never stops."""
+        return (NoopStopper, ())
+
+    def stop_all(self) -> bool:
+        if self.reason is not None:
+            return True
+        now = time.time()
+        if self.interrupt.is_set():
+            self.reason, self.stopped_at = "interrupt", now
+            if not self.interrupt.announced:
+                self.interrupt.announced = True
+                self.echo("interrupted: stopping; finished trials are kept, running ones are not recorded "
+                          "(Ctrl-C again to abort at once)")
+        elif self.budget is not None and self.callback is not None and self.budget.exhausted(self.callback.reserved(now)):
+            self.reason, self.stopped_at = "budget", now
+        return self.reason is not None
+
+
+class ResultsCallback(tune.Callback):
+    """Writes each trial's rows when Tune reports it finished or errored, and prints one line per trial.
+
+    Trials still running when the experiment ends are settled in :meth:`on_experiment_end`: cut short by a
+    search's compute budget, they are recorded as early_stopped with the compute they used; stopped by Ctrl-C,
+    they are not recorded (a rerun replaces them)."""
+
+    def __init__(
+        self,
+        results: ResultsDirectory,
+        resources: dict[str, float],
+        summary: RunSummary,
+        echo: Echo,
+        total: int | None,
+        stopper: RunStopper | None = None,
+    ):
+        self.results = results
+        self.resources = resources
+        self.summary = summary
+        self.echo = echo
+        self.total = total
+        self.stopper = stopper
+        self.started: dict[str, float] = {}
+        self.recorded: set[str] = set()
+        self.reserved_recorded = (0.0, 0.0)  # reserved CPU- and GPU-seconds of the trials recorded so far
+        self.done = 0
+
+    def reserved(self, now: float) -> tuple[float, float]:
+        """Reserved CPU- and GPU-seconds of this experiment's trials: those recorded plus those running until ``now``."""
+        running = sum(max(0.0, now - t) for tid, t in self.started.items() if tid not in self.recorded)
+        cpu, gpu = self.reserved_recorded
+        return cpu + self.resources.get("CPU", 0.0) * running, gpu + self.resources.get("GPU", 0.0) * running
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.started.setdefault(trial.trial_id, time.time())
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._record(trial, error=None)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self.stopper is not None and self.stopper.interrupt.is_set():
+            return  # a worker lost to Ctrl-C is an interrupted trial, not a failed one: a rerun runs it
+        error = trial.get_error()
+        self._record(trial, error=f"{type(error).__name__}: {error}" if error else "the trial's worker failed")
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        """Settle the trials that were running when the experiment stopped (Tune calls no per-trial hook then)."""
+        stopper = self.stopper
+        for trial in trials:
+            if trial.trial_id in self.recorded or trial.trial_id not in self.started:
+                continue  # recorded, or never started (nothing reserved)
+            last = trial.last_result or {}
+            if last.get("status") in ("ok", "failed") and trial.checkpoint is not None:
+                self._record(trial, error=None)  # it had reported its outcome: record it as it is
+            elif stopper is not None and stopper.reason == "budget":
+                budget = stopper.budget.describe() if stopper.budget is not None else "budget"
+                self._record(trial, error=None, stopped_at=stopper.stopped_at, why=f"cut short by the search's {budget}")
+            elif trial.config.get("hp"):  # a search trial stopped by Ctrl-C (final ones count in RunSummary.incomplete)
+                self.summary.unfinished_search += 1
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        """The trial's worker (or its node) died and Tune retries it (``max_failures`` in the grid)."""
+        reason = "the trial's worker failed"
+        try:  # Tune has just pickled the error into the trial's local folder
+            with open(trial.pickled_error_file, "rb") as f:
+                error = cloudpickle.load(f)
+            reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+        except Exception:  # noqa: BLE001 - the message is informative only
+            pass
+        spec = trial_spec(trial)
+        failures = f"{trial.run_metadata.num_failures}/{trial.max_failures}"
+        self.echo(f"retry {failures} {spec['phase']:6s} {_where(spec)}: {reason}")
+
+    def _record(self, trial: Any, error: str | None, stopped_at: float | None = None, why: str = "") -> None:
+        if trial.trial_id in self.recorded:
+            return
+        spec = trial_spec(trial)
+        finished = stopped_at or time.time()
+        started = min(self.started.get(trial.trial_id, finished), finished)
+        wall = finished - started
+        record: dict[str, Any] = {}
+        metrics = points = []
+        predictions: dict[str, pd.DataFrame] = {}
+        last = trial.last_result or {}
+        checkpoint = trial.checkpoint if error is None else None
+        if checkpoint is not None:
+            with checkpoint.as_directory() as folder:
+                folder = Path(folder)
+                record = json.loads((folder / "record.json").read_text())
+                metrics = _rows(folder / "metrics.parquet")
+                points = _rows(folder / "points.parquet")
+                if (folder / "predictions").is_dir():
+                    predictions = {p.stem: pd.read_parquet(p) for p in (folder / "predictions").glob("*.parquet")}
+                if (folder / "transfer.pt").exists():  # before the trial's rows: a finished source has its file
+                    self.results.transfer_examples(spec["trial_id"]).write_bytes((folder / "transfer.pt").read_bytes())
+            status = record.get("status", "failed")
+        elif error is not None:
+            status = "failed"
+            record = {"error": error, "cpu_s": last.get("cpu_s", math.nan)}
+        else:  # stopped before its end: by ASHA, or cut short by the search's compute budget (``why``)
+            status = "early_stopped"
+            record = {"cpu_s": last.get("cpu_s", math.nan), "train_s": last.get("train_s", math.nan), "error": why}
+            metrics = [
+                {**_metric_base(spec), "eval_set": "validation", "metric": k[4:], "value": float(v)}
+                for k, v in last.items()
+                if k.startswith("val_") and isinstance(v, (int, float))
+            ]
+        selection = {k: float(v) for k, v in last.items() if k.startswith("val_") and isinstance(v, (int, float))}
+        n_cpus, n_gpus = self.resources.get("CPU", 0.0), self.resources.get("GPU", 0.0)
+        row = {
+            **record,
+            "trial_id": spec["trial_id"],
+            "phase": spec["phase"],
+            "cell": spec["cell"],
+            "method": spec["label"],
+            "method_name": spec["method"],
+            "model": spec["model"],
+            "dataset": spec["dataset"],
+            "task": spec["task"],
+            "decision_task": spec["decision_task"],
+            "complexity": math.nan if spec["complexity"] is None else float(spec["complexity"]),
+            "seed": spec["seed"],
+            "status": status,
+            "error": record.get("error", "") or "",
+            "config": json.dumps(spec["config"], sort_keys=True),
+            "wall_s": wall,
+            "gpu_s": n_gpus * wall,
+            "reserved_cpu_s": n_cpus * wall,
+            "reserved_gpu_s": n_gpus * wall,
+            "n_cpus": n_cpus,
+            "n_gpus": n_gpus,
+            "node": record.get("node") or (trial.node_ip or ""),
+            "selection": json.dumps(selection, sort_keys=True),
+            "started_at": started,
+            "finished_at": finished,
+        }
+        interrupt = self.stopper.interrupt if self.stopper is not None else None
+        with interrupt.critical() if interrupt is not None else contextlib.nullcontext():
+            self.results.add(row, metrics, points, predictions)
+            self.recorded.add(trial.trial_id)
+        cpu, gpu = self.reserved_recorded
+        self.reserved_recorded = (cpu + row["reserved_cpu_s"], gpu + row["reserved_gpu_s"])
+        self.done += 1
+        self.summary.recorded[spec["phase"]] = self.summary.recorded.get(spec["phase"], 0) + 1
+        if status == "ok":
+            self.summary.finished.append(spec["trial_id"])
+        elif status == "early_stopped":
+            self.summary.early_stopped.append(spec["trial_id"])
+        else:
+            self.summary.failed.append((spec["trial_id"], row["error"]))
+            if spec["phase"] == "search":
+                self.summary.search_failed.append(spec["trial_id"])
+        self.echo(_progress_line(self.done, self.total, spec, status, row, metrics))
+
+
+def trial_spec(trial: Any) -> dict[str, Any]:
+    """The ursa-ray spec of a Tune trial; search trials get their sampled hyperparameters and an id."""
+    if trial.config.get("hp"):
+        return search_trial_spec(trial.config["spec"], trial.config["hp"], trial.trial_id)
+    return dict(trial.config["spec"])
+
+
+def _metric_base(spec: dict[str, Any]) -> dict[str, Any]:
+    keys = ("trial_id", "model", "dataset", "seed", "phase")
+    return {**{k: spec[k] for k in keys}, "method": spec["label"]}
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return pd.read_parquet(path).to_dict("records") if path.exists() else []
+
+
+def _where(spec: dict[str, Any]) -> str:
+    where = f"{spec['label']} {spec['model']} {spec['dataset']}"
+    if spec["complexity"] is not None:
+        where += f" c={spec['complexity']:g}"
+    return where + f" seed={spec['seed']}"
+
+
+def _progress_line(done: int, total: int | None, spec: dict[str, Any], status: str, row: dict[str, Any], metrics: list) -> str:
+    where = _where(spec)
+    count = f"[{done}]" if total is None else f"[{done}/{total}]"  # a budgeted search has no fixed count
+    if status == "failed":
+        return f"{count} FAILED {spec['phase']:6s} {where}: {row['error']}"
+    wanted = {("test", "accuracy"), ("test", "nll"), ("test", "rmse_truth"), ("test", "coverage_95_epistemic"), ("validation", "nll")}
+    shown = " ".join(
+        f"{'val_' if m['eval_set'] == 'validation' else ''}{m['metric']}={m['value']:.3f}"
+        for m in metrics
+        if (m["eval_set"], m["metric"]) in wanted
+    )
+    why = f"  ({row['error']})" if row["error"] else ""
+    return f"{count} {status:6s} {spec['phase']:6s} {where}  {shown}  {row['wall_s']:.1f}s{why}"
+
+
+class SpecQueue(Searcher):
+    """Hands Tune the grid's trial specs one at a time.
+
+    A ``tune.grid_search`` over the specs would do the same, but Tune deep-copies the whole search space
+    for every variant it generates: quadratic in the number of trials (minutes before the first trial of
+    a 6,800-trial grid starts).  This is linear.
+
+    The transfer attack's order: transfer sources (``transfer_source``) go first, trials that need none
+    next, and a trial scored on a source's examples (``transfer_from``) waits until that source is complete
+    (``suggest`` returns None meanwhile; Tune asks again), then gets ``transfer_examples``, the location of
+    the file its source saved under ``results_uri``, when there is one (a failed source saves none).  Tune
+    calls the searcher's ``on_trial_complete`` before the callbacks' and never suggests in between, so the
+    source's file is written before the waiting trial is handed out.
+    """
+
+    def __init__(self, specs: list[dict[str, Any]], results_uri: str):
+        super().__init__()
+        self._specs = sorted(specs, key=lambda s: 0 if s.get("transfer_source") else 2 if "transfer_from" in s else 1)
+        self._results_uri = results_uri
+        self._unfinished_sources = {s["trial_id"] for s in specs if s.get("transfer_source")}
+        self._running: dict[str, str] = {}  # Tune trial id -> spec trial id
+        self._next = 0
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if self._next >= len(self._specs):
+            return Searcher.FINISHED
+        spec = self._specs[self._next]
+        if spec.get("transfer_from") in self._unfinished_sources:
+            return None
+        self._next += 1
+        self._running[trial_id] = spec["trial_id"]
+        if "transfer_from" in spec:
+            saved = transfer_examples_location(self._results_uri, spec["transfer_from"])
+            spec = {**spec, "transfer_examples": saved.uri} if saved.exists() else spec
+        return {"spec": spec}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        """A finished (or failed) transfer source releases the trials waiting for it."""
+        self._unfinished_sources.discard(self._running.pop(trial_id, ""))
+
+
+def run_trials(
+    specs: list[dict[str, Any]],
+    grid: Grid,
+    results: ResultsDirectory,
+    experiment: str,
+    summary: RunSummary,
+    echo: Echo,
+    interrupt: Interrupt | None = None,
+    tune_config: tune.TuneConfig | None = None,
+    param_space: dict[str, Any] | None = None,
+    budget: Any = None,
+    total: int | None = None,
+) -> RunStopper:
+    """Run trials on Ray Tune: one per spec (handed out by :class:`SpecQueue`) or a search given
+    ``param_space`` (``total`` trials at most, shown in the progress lines; ``budget``, a
+    :class:`~ursa_ray.tune.search.ComputeBudget`, ends it early).  Returns the stopper, whose ``reason`` says
+    whether Ctrl-C or the budget ended the experiment."""
+    resources = trial_resources(grid)
+    stopper = RunStopper(interrupt or Interrupt(), echo, budget)
+    callback = ResultsCallback(results, resources, summary, echo, len(specs) if param_space is None else total, stopper)
+    stopper.callback = callback
+    trainable = tune.with_resources(run_ursa_trial, tune.PlacementGroupFactory([resources]))
+    if param_space is None:
+        param_space = {}
+        tune_config = tune.TuneConfig(
+            search_alg=SpecQueue(specs, results.location.uri),
+            num_samples=len(specs),
+            reuse_actors=True,
+            max_concurrent_trials=grid.max_concurrent_trials,
+            trial_dirname_creator=lambda t: t.config["spec"]["trial_id"][:80],
+        )
+    storage = results.location / "ray"  # checkpoints: a local folder, or the same object store as the results
+    tuner = tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune_config,
+        run_config=tune.RunConfig(
+            name=experiment,
+            storage_path=storage.path,
+            storage_filesystem=None if storage.is_local else storage.fs,  # endpoint etc. from the --out URI
+            verbose=0,
+            callbacks=[callback],
+            failure_config=tune.FailureConfig(max_failures=grid.max_failures),
+            stop=stopper,
+        ),
+    )
+    tuner.fit()
+    return stopper
