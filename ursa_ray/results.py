@@ -49,7 +49,7 @@ import pyarrow.fs as pafs
 TRIAL_COLUMNS = [
     "trial_id", "phase", "cell", "method", "method_name", "model", "dataset", "task", "decision_task",
     "complexity", "seed", "status", "error", "config", "wall_s", "cpu_s", "gpu_s", "reserved_cpu_s", "reserved_gpu_s",
-    "n_cpus", "n_gpus", "node", "node_id", "device", "n_samples", "worker_setup_s", "setup_s", "train_s",
+    "n_cpus", "n_gpus", "node", "node_id", "worker_pid", "device", "n_samples", "worker_setup_s", "setup_s", "train_s",
     "eval_s", "bit_depth_eval_s", "n_params", "grad_evals", "accept_rate", "method_stats", "selection",
     "transfer_from", "started_at", "finished_at",
 ]

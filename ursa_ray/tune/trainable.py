@@ -14,6 +14,7 @@ timings (``cpu_s``, ``train_s``, ``s_per_sample``) start after it.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import tempfile
 import time
@@ -76,6 +77,7 @@ def run_ursa_trial(param: dict[str, Any]) -> None:
             "worker_setup_s": worker_setup_s,
             "node": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
+            "worker_pid": os.getpid(),  # the worker process: its first trial alone carries worker_setup_s
         }
     )
     with tempfile.TemporaryDirectory(prefix="ursa-") as folder:
