@@ -273,5 +273,7 @@ def test_ctrl_c_then_rerun_completes_every_trial_exactly_once(tmp_path):
     assert f"({len(partial)} already finished)" in rerun.stdout
     trials = pd.read_parquet(out / "trials.parquet")
     assert len(trials) == 6 and trials["trial_id"].is_unique and (trials["status"] == "ok").all()
+    # each method's three seeds were one batched trial: the one Ctrl-C cut short is rerun whole, once
+    assert set(trials["seeds_in_trial"]) == {3}
     metrics = pd.read_parquet(out / "metrics.parquet")
     assert metrics.groupby("trial_id").size().nunique() == 1  # every trial's rows exactly once

@@ -50,9 +50,26 @@ def run(seed: int = 0, **overrides) -> tuple[list[torch.Tensor], list[torch.Tens
 
 @pytest.fixture
 def spy_training(monkeypatch):
-    """Record each member's initial weights and training inputs (training itself still runs)."""
+    """Record each member's initial weights and training inputs (training itself still runs), whether the
+    members train batched (small networks) or one after another."""
     seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     real_sgd, real_adv = ensemble.train_sgd, ensemble.train_adversarial
+    real_stack, real_from_problems = ensemble.StackedNetworks, ensemble.CopyData.from_problems
+    data: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def from_problems(problems, generators, rows):
+        for problem, index in zip(problems, rows):
+            index = torch.arange(problem.n_train) if index is None else index
+            data.append((problem.x[index], problem.y[index]))
+        return real_from_problems(problems, generators, rows)
+
+    def stack(models):
+        seen.extend((flat_parameters(m), x, y) for m, (x, y) in zip(models, data))
+        data.clear()
+        return real_stack(models)
+
+    monkeypatch.setattr(ensemble, "StackedNetworks", stack)
+    monkeypatch.setattr(ensemble.CopyData, "from_problems", staticmethod(from_problems))
 
     def sgd(model, problem, config, stats, *args, **kwargs):
         seen.append((flat_parameters(model), problem.x, problem.y))
@@ -92,8 +109,10 @@ def test_members_start_from_different_weights_and_differ(spy_training):
     assert (spread > 1e-3).all() and spread.mean() > 0.01
 
 
-def test_one_member_alive_at_a_time():
+def test_one_member_alive_at_a_time_when_members_do_not_batch():
+    """A network that cannot be batched (here: batch norm) trains one member after another."""
     problem = regression_problem()
+    problem.make_model = lambda: nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))
     built: list[weakref.ref] = []
     alive_when_building: list[int] = []
     make_model = problem.make_model

@@ -5,29 +5,36 @@ from __future__ import annotations
 from ray.tune.search import Searcher
 
 from ursa_ray.grid import parse_grid
-from ursa_ray.tune.trials import SpecQueue
+from ursa_ray.tune.trials import SpecQueue, seed_groups
+
+
+def grid_raw() -> dict:
+    return {
+        "name": "big",
+        "methods": ["sgd", "mc_dropout"],
+        "models": ["mlp"],
+        "datasets": [{"name": "e1", "complexity": [1, 2, 3, 4, 5]}],
+        "seeds": 500,
+    }
 
 
 def test_spec_queue_hands_out_every_trial_once_in_order_without_copies(tmp_path):
-    grid = parse_grid(
-        {
-            "name": "big",
-            "methods": ["sgd", "mc_dropout"],
-            "models": ["mlp"],
-            "datasets": [{"name": "e1", "complexity": [1, 2, 3, 4, 5]}],
-            "seeds": 500,
-        },
-        "big.yaml",
-    )
+    grid = parse_grid(grid_raw(), "big.yaml")
     specs = grid.trial_specs()
     assert len(specs) == 5000
-    queue = SpecQueue(specs, str(tmp_path))
-    handed = [queue.suggest(f"t{i}") for i in range(len(specs))]
-    assert [h["spec"]["trial_id"] for h in handed] == [s["trial_id"] for s in specs]
+    groups = seed_groups(specs)
+    # 8 seeds (the default vectorize_seeds) of one cell per trial: 62 full groups and one of 4 per cell
+    assert len(groups) == 10 * 63 and sorted({len(g) for g in groups}) == [4, 8]
+    assert all(len({s["cell"] for s in g}) == 1 for g in groups)
+    queue = SpecQueue(groups, str(tmp_path))
+    handed = [queue.suggest(f"t{i}") for i in range(len(groups))]
+    assert [s["trial_id"] for h in handed for s in h["specs"]] == [s["trial_id"] for s in specs]
     assert queue.suggest("extra") == Searcher.FINISHED
     # the queue hands out the caller's spec objects: nothing is copied per trial (a grid_search over the
     # specs deep-copies all of them for every trial it generates, quadratic in the grid's size)
-    assert all(h["spec"] is s for h, s in zip(handed, specs, strict=True))
+    assert all(a is b for a, b in zip([s for h in handed for s in h["specs"]], specs, strict=True))
+    alone = parse_grid({**grid_raw(), "vectorize_seeds": 1}, "big.yaml").trial_specs()
+    assert [len(g) for g in seed_groups(alone)] == [1] * 5000
 
 
 def test_transfer_sources_run_first_and_their_trials_wait_for_their_examples(tmp_path):
@@ -37,7 +44,7 @@ def test_transfer_sources_run_first_and_their_trials_wait_for_their_examples(tmp
     from ursa_ray.results import ResultsDirectory
 
     raw = {"name": "t", "methods": ["mc_dropout", "sgd"], "models": ["mlp"], "datasets": ["digits", "digits_imbalanced"],
-           "seeds": 2}
+           "seeds": 2, "vectorize_seeds": 1}
     grid = parse_grid(raw, "t.yaml")
     specs = grid.trial_specs()
     sources = {s["seed"]: s for s in specs if s.get("transfer_source")}
@@ -47,22 +54,32 @@ def test_transfer_sources_run_first_and_their_trials_wait_for_their_examples(tmp
     assert all(s["transfer_from"] == sources[s["seed"]]["trial_id"] for s in waiting)
 
     results = ResultsDirectory(tmp_path)
-    queue = SpecQueue(specs, str(tmp_path))
-    first = [queue.suggest(f"t{i}")["spec"] for i in range(6)]  # 2 sources, then the 4 decision-task trials
+    queue = SpecQueue(seed_groups(specs), str(tmp_path))
+    first = [queue.suggest(f"t{i}")["specs"][0] for i in range(6)]  # 2 sources, then the 4 decision-task trials
     assert [s["trial_id"] for s in first[:2]] == [sources[0]["trial_id"], sources[1]["trial_id"]]
     assert all(s["dataset"] == "digits_imbalanced" for s in first[2:])
     assert queue.suggest("t6") is None  # both mc_dropout trials wait for their sources
     results.transfer_examples(sources[0]["trial_id"]).write_bytes(b"examples")
     queue.on_trial_complete("t0")  # seed 0's source finished and saved its examples
-    released = queue.suggest("t6")["spec"]
+    released = queue.suggest("t6")["specs"][0]
     assert released["seed"] == 0 and released["transfer_examples"] == str(tmp_path / "transfer" / f"{sources[0]['trial_id']}.pt")
     assert queue.suggest("t7") is None
     queue.on_trial_complete("t1")  # seed 1's source failed: nothing saved, its trial runs without transfer sets
-    last = queue.suggest("t7")["spec"]
+    last = queue.suggest("t7")["specs"][0]
     assert last["seed"] == 1 and "transfer_examples" not in last
     assert queue.suggest("t8") == Searcher.FINISHED
     without = parse_grid({**raw, "adversarial": {"transfer": False}}, "t.yaml").trial_specs()
     assert not any("transfer_source" in s or "transfer_from" in s for s in without)
+
+    # batched seeds: both seeds' sources are one trial, and both seeds' mc_dropout trial waits for it
+    batched = seed_groups(parse_grid({**raw, "vectorize_seeds": 2}, "t.yaml").trial_specs())
+    queue = SpecQueue(batched, str(tmp_path / "b"))
+    handed = queue.suggest("b0")["specs"]
+    assert [s["seed"] for s in handed] == [0, 1] and all(s.get("transfer_source") for s in handed)
+    assert [len(queue.suggest(f"b{i}")["specs"]) for i in (1, 2)] == [2, 2]  # the decision-task cells
+    assert queue.suggest("b3") is None
+    queue.on_trial_complete("b0")
+    assert [s["seed"] for s in queue.suggest("b3")["specs"]] == [0, 1]
 
 
 def _point_rows(trial_id: str, method: str, n: int, shift: float = 0.0) -> list[dict]:

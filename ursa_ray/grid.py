@@ -35,6 +35,9 @@ from ursa_ray.search_space import (
     parse_search_space,
 )
 
+DEFAULT_VECTORIZE_SEEDS = 8
+"""Seeds per batched trial when a grid does not say (see :meth:`Grid.vectorized_seeds`)."""
+
 TOP_KEYS = {
     "name": "a name for the grid (string)",
     "description": "free text",
@@ -53,10 +56,14 @@ TOP_KEYS = {
     "download": "true or false: let torchvision download missing data (needs internet)",
     "max_concurrent_trials": "a positive integer",
     "max_failures": "retries of a trial whose worker died (non-negative integer)",
+    "vectorize_seeds": "the most seeds of one cell trained as one batched computation in one trial "
+    f"(a positive integer, default {DEFAULT_VECTORIZE_SEEDS}; 1 runs every seed alone)",
     "search": f"the hyperparameter search phase {sorted(SEARCH_KEYS)}",
 }
 REQUIRED = ("name", "methods", "models", "datasets", "seeds")
-METHOD_KEYS = ("name", "label", "models", "datasets", "hyperparameters", "model_hyperparameters", "search")
+METHOD_KEYS = (
+    "name", "label", "models", "datasets", "hyperparameters", "model_hyperparameters", "search", "vectorize_seeds",
+)
 MODEL_KEYS = ("name", "options")
 DATASET_KEYS = ("name", "ood", "complexity", "options", "file")
 RESOURCE_KEYS = ("cpu", "gpu", "custom")
@@ -75,6 +82,8 @@ class MethodEntry:
     search_space: dict[str, dict[str, Any]]
     model_hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
     datasets: tuple[str, ...] | None = None
+    vectorize_seeds: int | None = None
+    """This entry's own ``vectorize_seeds`` (None: the grid's)."""
 
     def pairs_with(self, model: str, dataset: str) -> bool:
         """Whether this method runs on (model, dataset), given its optional restrictions."""
@@ -119,6 +128,7 @@ class Grid:
     max_concurrent_trials: int | None
     max_failures: int
     search: SearchSettings | None
+    vectorize_seeds: int = DEFAULT_VECTORIZE_SEEDS
     source: str = ""
     """The grid as written (its YAML text), kept beside the results as ``grid.yaml``."""
 
@@ -183,8 +193,21 @@ class Grid:
         }
         if phase == "search" and self.search is not None:
             spec["validation_fraction"] = self.search.validation_fraction
+        spec["vectorize_seeds"] = self.vectorized_seeds(m, cell["model"].name) if phase == "final" else 1
         spec["trial_id"] = trial_id(spec)
         return spec
+
+
+    def vectorized_seeds(self, entry: MethodEntry, model: str) -> int:
+        """How many seeds of ``entry`` on ``model`` one final-phase trial trains as one batched computation:
+        the entry's ``vectorize_seeds``, else the grid's, when the method has a batched stream
+        (``sample_posterior_batched``) and the model declares itself ``batchable``; else 1.  (At run time a
+        trial splits its seeds further when their copies would not fit
+        :data:`~ursa_ray.methods.batched.COPY_MEMORY_BUDGET`.)"""
+        method = methods.get_method(entry.name)
+        if not hasattr(method, "sample_posterior_batched") or not models.get_model(model).batchable:
+            return 1
+        return entry.vectorize_seeds or self.vectorize_seeds
 
 
 TRANSFER_SOURCE_METHOD = "sgd"
@@ -543,7 +566,10 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
             per_model[model_name] = _check_options(
                 path, f"{where}.model_hyperparameters.{model_name}", owner, method.hyperparameters, values
             )
-        method_entries.append(MethodEntry(item["name"], label, only, hyper, space, per_model, only_data))
+        vectorize = item.get("vectorize_seeds")
+        if vectorize is not None:
+            _int(path, f"{where}.vectorize_seeds", vectorize, 1)
+        method_entries.append(MethodEntry(item["name"], label, only, hyper, space, per_model, only_data, vectorize))
     labels = [m.label for m in method_entries]
     duplicates = sorted({lab for lab in labels if labels.count(lab) > 1})
     if duplicates:
@@ -601,6 +627,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     if max_concurrent is not None:
         _int(path, "max_concurrent_trials", max_concurrent, 1)
     max_failures = _int(path, "max_failures", raw.get("max_failures", 0), 0)
+    vectorize_seeds = _int(path, "vectorize_seeds", raw.get("vectorize_seeds", DEFAULT_VECTORIZE_SEEDS), 1)
     search = parse_search_settings(path, raw.get("search"), _fail)
     if search is None and any(m.search_space for m in method_entries):
         raise _fail(path, "search", "methods declare search spaces but the grid has no search block")
@@ -640,6 +667,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         max_concurrent_trials=max_concurrent,
         max_failures=max_failures,
         search=search,
+        vectorize_seeds=vectorize_seeds,
         source=yaml.safe_dump(raw, sort_keys=False),
     )
 

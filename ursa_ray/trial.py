@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ursa_ray import data, methods, models
+from ursa_ray.methods import batched
 from ursa_ray.evaluation import (
     ClassificationPredictive,
     RegressionPredictive,
@@ -219,6 +220,248 @@ def pick_device(n_gpus: float) -> torch.device:
     return torch.device("cpu")
 
 
+class TrialRun:
+    """One trial's data, problem, evaluation sets and accumulators: :meth:`observe` adds a posterior sample
+    to every accumulator, :meth:`finish` computes the metrics and rows.  :func:`run_trial` drives one
+    method stream through it; :func:`run_trials_batched` one batched stream through several.
+
+    ``own_init_stream``: model initialisations come from a generator state of this trial's own (seeded
+    with its ``init`` seed) rather than torch's global generator, so that several trials prepared side by
+    side each build the networks they would alone."""
+
+    def __init__(self, spec: Mapping[str, Any], device: torch.device | None = None, own_init_stream: bool = False):
+        self.started_cpu = time.process_time()
+        start_wall = time.perf_counter()
+        self.spec = spec
+        self.device = device = device or pick_device(spec["resources"]["gpu"])
+        self.seed = seed = int(spec["seed"])
+        self.seeds = seeds = trial_seeds(seed)
+        torch.manual_seed(seeds["init"])
+        np.random.seed(seeds["init"] % 2**32)
+        generator = torch.Generator().manual_seed(seeds["data"])
+
+        dataset_spec = data.dataset_spec(spec["dataset"], spec.get("dataset_file"))  # registered, or read from files
+        self.ds = ds = dataset_spec.load(
+            spec["dataset_options"], tuple(spec["ood"]), data.base.data_root(spec["data_root"]), spec["download"], seed
+        )
+        train_x, train_y = ds.train_x, ds.train_y
+        eval_sets: dict[str, tuple[Tensor, Tensor | None]]
+        if spec["phase"] == "search":
+            fit, val = validation_split(len(train_y), spec["validation_fraction"], seed)
+            eval_sets = {"validation": (train_x[val], train_y[val])}
+            train_x, train_y = train_x[fit], train_y[fit]
+        else:
+            eval_sets = {"test": (ds.test_x, ds.test_y)}
+            eval_sets.update({name: (x, None) for name, x in ds.ood.items()})
+        self.full_precision_sets = list(eval_sets)  # the sets also evaluated at lower bit depths
+        train_x, train_y = train_x.to(device), train_y.to(device)
+        eval_sets = {k: (x.to(device), y) for k, (x, y) in eval_sets.items()}
+        # corruptions and attacks: final classification trials of in-domain cells (composites use no other)
+        robustness = spec["phase"] == "final" and ds.task == "classification" and not spec["decision_task"]
+        robustness = robustness and ds.pixel_mean is not None  # tabular data have no pixels to perturb
+        if robustness:
+            eval_sets.update(corrupted_sets(ds, eval_sets["test"], spec["corruptions"], seeds["corruption"]))
+        self.eval_sets = eval_sets
+
+        model_spec = models.get_model(spec["model"])
+        model_kwargs = dict(spec["model_options"])
+        if model_spec.needs_feature_map:
+            model_kwargs["feature_map"] = ds.feature_map
+
+        self.precision = precision = evaluation_precision(device, ds.task)
+        self.n_params = 0  # of the model as built (before a method adds its own parameters), set by the first build
+        init_state = torch.Generator().manual_seed(seeds["init"]).get_state() if own_init_stream else None
+
+        def build() -> torch.nn.Module:
+            model = model_spec.build(ds.input_shape, ds.n_outputs, **model_kwargs).to(device)
+            if device.type == "cuda" and len(ds.input_shape) == 3:
+                model = model.to(memory_format=torch.channels_last)
+            if precision is not None:
+                keep_output_layer_float32(model, ds.n_outputs)
+            self.n_params = self.n_params or sum(p.numel() for p in model.parameters())
+            return model
+
+        self.build_model = build  # from torch's global generator, whatever ``own_init_stream``
+
+        def make_model() -> torch.nn.Module:
+            nonlocal init_state
+            if init_state is None:
+                return build()
+            with torch.random.fork_rng(devices=[]):
+                torch.set_rng_state(init_state)
+                model = build()
+                init_state = torch.get_rng_state()
+            return model
+
+        likelihood = Categorical() if ds.task == "classification" else Gaussian(float(ds.noise_std))
+        self.problem = Problem(train_x, train_y, likelihood, make_model, generator, device, ds.augment)
+        self.method = methods.get_method(spec["method"])
+        self.setup_s = time.perf_counter() - start_wall
+
+        if ds.task == "classification":
+            self.accumulators = {k: ClassificationPredictive(x.shape[0], ds.n_outputs, device) for k, (x, _) in eval_sets.items()}
+        else:
+            self.accumulators = {k: RegressionPredictive(x.shape[0], device) for k, (x, _) in eval_sets.items()}
+        # the final phase also evaluates each classification sample with its weights stored at lower bit depths
+        self.schemes = tuple(spec["bit_depths"]) if spec["phase"] == "final" and ds.task == "classification" else ()
+        self.at_bit_depth = {
+            f"{name}@{scheme}": ClassificationPredictive(eval_sets[name][0].shape[0], ds.n_outputs, device)
+            for scheme in self.schemes
+            for name in self.full_precision_sets
+        }
+        attack_samples = spec["adversarial"]["attack_samples"]
+        self.attacked = (
+            ModelAverage(planned_samples(spec["config"]), attack_samples, seed=seeds["corruption"]) if robustness else None
+        )
+        self.transfer = load_transfer_attack(spec, ds, device) if robustness else None
+        self.stats: dict[str, float] = {}
+        self.train_s = self.eval_s = self.bit_depth_s = self.attack_s = 0.0
+        self.last_predictor: Any = None
+
+    def observe(self, predictor: Any, progress: Callable[[int, dict[str, float], dict[str, float]], None] | None = None) -> None:
+        """Add one posterior sample to every accumulator (and the attack's kept samples), timing each part."""
+        precision, eval_sets = self.precision, self.eval_sets
+        self.last_predictor = predictor
+        tick = time.perf_counter()
+        if self.schemes:  # before the float32 pass: each scheme sees the sample's dropout masks, the RNG is restored
+
+            def evaluate_stored(scheme: str, predictor: Any = predictor) -> None:
+                for name in self.full_precision_sets:
+                    x = eval_sets[name][0]
+                    accumulate(self.at_bit_depth[f"{name}@{scheme}"], predictor, x, precision)
+
+            evaluate_at_bit_depths(predictor, evaluate_stored, self.schemes)
+            self.bit_depth_s += time.perf_counter() - tick
+            tick = time.perf_counter()
+        for name, (x, _) in eval_sets.items():
+            accumulate(self.accumulators[name], predictor, x, precision)
+        self.eval_s += time.perf_counter() - tick
+        if self.attacked is not None:
+            tick = time.perf_counter()
+            self.attacked.observe(predictor)
+            if self.transfer is not None:
+                self.transfer.update(
+                    lambda x, p=predictor: predict(p, x, precision),
+                    lambda x, p=predictor: predict_expected_entropy(p, x, precision),
+                )
+            self.attack_s += time.perf_counter() - tick  # copying a kept sample is part of the attack's cost
+        if progress is not None and "validation" in eval_sets:
+            running = _evaluate(self.ds, self.accumulators["validation"], eval_sets["validation"][1], "validation")
+            progress(
+                self.accumulators["validation"].n_samples,
+                {f"val_{k}": float(v) for k, v in running.items()},
+                {"train_s": self.train_s, "cpu_s": time.process_time() - self.started_cpu},
+            )
+
+    def finish(self) -> TrialOutcome:
+        """The trial's metrics and rows from what :meth:`observe` accumulated (``train_s`` set by the driver)."""
+        spec, ds, seed, seeds = self.spec, self.ds, self.seed, self.seeds
+        eval_sets, accumulators, schemes = self.eval_sets, self.accumulators, self.schemes
+        attacked, transfer, stats = self.attacked, self.transfer, self.stats
+        n_samples = next(iter(accumulators.values())).n_samples
+        if n_samples == 0:
+            raise RuntimeError(f"method {spec['method']} produced no posterior samples")
+
+        outcome = TrialOutcome(record={})
+        values: dict[str, dict[str, float]] = {}
+        adversarial_tables = {}
+        transfer_from = ""  # the trial whose examples the transfer sets are (the source's own id for itself)
+        if attacked is not None and attacked.n_kept > 0:
+            tick = time.perf_counter()
+            examples, adversarial = _attack(spec, ds, attacked, eval_sets["test"], seeds["corruption"])
+            reference = set_name("pgd", REFERENCE_EPSILON.get(DATASET_FAMILIES.get(spec["dataset"], ""), math.nan))
+            for name, table in adversarial.metrics().items():  # `reference`: the robustness composite's set
+                values[f"adv:{name}"] = table | ({"reference": float(name == reference)} if name != "clean" else {})
+            adversarial_tables = {f"adv:{name}": table for name, table in adversarial.tables().items()}
+            if spec.get("transfer_source"):  # its transfer sets are its own white-box ones
+                outcome.transfer_examples = examples_to_bytes(examples)
+                transfer = adversarial
+            if transfer is not None:
+                transfer_from = spec["trial_id"] if spec.get("transfer_source") else spec["transfer_from"]
+                values.update({f"transfer:{name}": table for name, table in transfer.metrics().items()})
+                adversarial_tables.update({f"transfer:{name}": table for name, table in transfer.tables().items()})
+            self.attack_s += time.perf_counter() - tick
+        for name, (x, y) in eval_sets.items():
+            if y is not None:
+                values[name] = _evaluate(ds, accumulators[name], y, name)
+        if spec["phase"] == "final":
+            if ds.task == "classification":
+                for name in ds.ood:
+                    values[name] = ood_metrics(accumulators["test"], accumulators[name])
+                for scheme in schemes:
+                    test = self.at_bit_depth[f"test@{scheme}"]
+                    values[f"test@{scheme}"] = _evaluate(ds, test, eval_sets["test"][1], "test")
+                    for name in ds.ood:
+                        values[f"{name}@{scheme}"] = ood_metrics(test, self.at_bit_depth[f"{name}@{scheme}"])
+            elif not ds.test_y_observed:  # a regression set from files has no noise-free truth
+                outcome.points = _points(spec, ds, accumulators["test"])
+        if "validation" in values:
+            outcome.selection = {f"val_{k}": float(v) for k, v in values["validation"].items()}
+
+        n_eval_examples = sum(x.shape[0] for x, _ in eval_sets.values())
+        values["cost"] = {
+            "train_s": self.train_s,
+            "s_per_sample": self.train_s / n_samples,
+            "predict_s_per_example": self.eval_s / n_eval_examples,
+            "n_params": float(self.n_params),
+            "n_samples": float(n_samples),
+            # the last sample stands for the structure of every one: FLOPs of a forward pass, storage of the posterior
+            **cost_metrics_at_test_time(self.method, self.last_predictor, spec["config"], n_samples, ds.input_shape),
+        }
+        base = {
+            "trial_id": spec["trial_id"],
+            "method": spec["label"],
+            "model": spec["model"],
+            "dataset": spec["dataset"],
+            "seed": seed,
+            "phase": spec["phase"],
+        }
+        outcome.metrics = [
+            {**base, "eval_set": eval_set, "metric": metric, "value": float(value)}
+            for eval_set, table in values.items()
+            for metric, value in table.items()
+        ]
+        if spec["save_predictions"] and spec["phase"] == "final" and ds.task == "classification":
+            outcome.predictions = {
+                name: prediction_table(acc, None if labels is None else labels.numpy())
+                for name, acc in {**accumulators, **self.at_bit_depth}.items()
+                for labels in [eval_sets[name.split("@")[0]][1]]
+            } | adversarial_tables
+        outcome.record = {
+            "n_samples": n_samples,
+            "n_params": self.n_params,
+            "setup_s": self.setup_s,
+            "train_s": self.train_s,
+            "eval_s": self.eval_s,
+            "bit_depth_eval_s": self.bit_depth_s,
+            "attack_s": self.attack_s,
+            "cpu_s": time.process_time() - self.started_cpu,
+            "device": str(self.device),
+            "grad_evals": float(stats.get("grad_evals", math.nan)),
+            "accept_rate": float(stats.get("accept_rate", math.nan)),
+            "method_stats": json.dumps({k: float(v) for k, v in stats.items()}, sort_keys=True),
+            "transfer_from": transfer_from,
+            "seeds_in_trial": 1,
+        }
+        return outcome
+
+
+def _stream_into(runs: list[TrialRun], stream: Any, batched_stream: bool, progress: Any = None) -> float:
+    """Drive ``stream`` into ``runs``: one predictor per item for one run, or (``batched_stream``) a list of
+    one predictor per run.  Returns the seconds spent inside the stream (the methods' training)."""
+    device = runs[0].device
+    train_s = 0.0
+    tick = time.perf_counter()
+    for item in stream:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # charge queued GPU work to the method, not to evaluation
+        train_s += time.perf_counter() - tick
+        for run, predictor in zip(runs, item if batched_stream else [item], strict=True):
+            run.observe(predictor, progress)
+        tick = time.perf_counter()
+    return train_s + time.perf_counter() - tick
+
+
 def run_trial(
     spec: Mapping[str, Any],
     device: torch.device | None = None,
@@ -228,198 +471,41 @@ def run_trial(
 
     ``progress(n_samples, validation_metrics, cost_so_far)`` is called after each posterior sample in the
     search phase (the running posterior predictive on the validation split), for early stopping."""
-    start_wall, start_cpu = time.perf_counter(), time.process_time()
-    device = device or pick_device(spec["resources"]["gpu"])
-    seed = int(spec["seed"])
-    seeds = trial_seeds(seed)
-    torch.manual_seed(seeds["init"])
-    np.random.seed(seeds["init"] % 2**32)
-    generator = torch.Generator().manual_seed(seeds["data"])
+    run = TrialRun(spec, device)
+    stream = run.method.sample_posterior(run.problem, spec["config"], run.stats)
+    run.train_s = _stream_into([run], stream, False, progress)
+    return run.finish()
 
-    dataset_spec = data.dataset_spec(spec["dataset"], spec.get("dataset_file"))  # registered, or read from files
-    ds = dataset_spec.load(
-        spec["dataset_options"], tuple(spec["ood"]), data.base.data_root(spec["data_root"]), spec["download"], seed
-    )
-    train_x, train_y = ds.train_x, ds.train_y
-    eval_sets: dict[str, tuple[Tensor, Tensor | None]]
-    if spec["phase"] == "search":
-        fit, val = validation_split(len(train_y), spec["validation_fraction"], seed)
-        eval_sets = {"validation": (train_x[val], train_y[val])}
-        train_x, train_y = train_x[fit], train_y[fit]
-    else:
-        eval_sets = {"test": (ds.test_x, ds.test_y)}
-        eval_sets.update({name: (x, None) for name, x in ds.ood.items()})
-    full_precision_sets = list(eval_sets)  # the sets also evaluated at lower bit depths
-    train_x, train_y = train_x.to(device), train_y.to(device)
-    eval_sets = {k: (x.to(device), y) for k, (x, y) in eval_sets.items()}
-    # corruptions and attacks: final classification trials of in-domain cells (composites use no other)
-    robustness = spec["phase"] == "final" and ds.task == "classification" and not spec["decision_task"]
-    robustness = robustness and ds.pixel_mean is not None  # tabular data have no pixels to perturb
-    if robustness:
-        eval_sets.update(corrupted_sets(ds, eval_sets["test"], spec["corruptions"], seeds["corruption"]))
 
-    model_spec = models.get_model(spec["model"])
-    model_kwargs = dict(spec["model_options"])
-    if model_spec.needs_feature_map:
-        model_kwargs["feature_map"] = ds.feature_map
-
-    precision = evaluation_precision(device, ds.task)
-    n_params = 0  # of the model as built (before a method adds its own parameters), set by the first build
-
-    def make_model() -> torch.nn.Module:
-        nonlocal n_params
-        model = model_spec.build(ds.input_shape, ds.n_outputs, **model_kwargs).to(device)
-        if device.type == "cuda" and len(ds.input_shape) == 3:
-            model = model.to(memory_format=torch.channels_last)
-        if precision is not None:
-            keep_output_layer_float32(model, ds.n_outputs)
-        n_params = n_params or sum(p.numel() for p in model.parameters())
-        return model
-
-    likelihood = Categorical() if ds.task == "classification" else Gaussian(float(ds.noise_std))
-    problem = Problem(train_x, train_y, likelihood, make_model, generator, device, ds.augment)
-    method = methods.get_method(spec["method"])
-    setup_s = time.perf_counter() - start_wall
-
-    if ds.task == "classification":
-        accumulators = {k: ClassificationPredictive(x.shape[0], ds.n_outputs, device) for k, (x, _) in eval_sets.items()}
-    else:
-        accumulators = {k: RegressionPredictive(x.shape[0], device) for k, (x, _) in eval_sets.items()}
-    # the final phase also evaluates each classification sample with its weights stored at lower bit depths
-    schemes = tuple(spec["bit_depths"]) if spec["phase"] == "final" and ds.task == "classification" else ()
-    at_bit_depth = {
-        f"{name}@{scheme}": ClassificationPredictive(eval_sets[name][0].shape[0], ds.n_outputs, device)
-        for scheme in schemes
-        for name in full_precision_sets
-    }
-    attack_samples = spec["adversarial"]["attack_samples"]
-    attacked = ModelAverage(planned_samples(spec["config"]), attack_samples, seed=seeds["corruption"]) if robustness else None
-    transfer = load_transfer_attack(spec, ds, device) if robustness else None
-    stats: dict[str, float] = {}
-    train_s = eval_s = bit_depth_s = attack_s = 0.0
-    stream = method.sample_posterior(problem, spec["config"], stats)
-    tick = time.perf_counter()
-    for predictor in stream:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # charge queued GPU work to the method, not to evaluation
-        train_s += time.perf_counter() - tick
-        tick = time.perf_counter()
-        if schemes:  # before the float32 pass: each scheme sees the sample's dropout masks, the RNG is restored
-
-            def evaluate_stored(scheme: str, predictor: Any = predictor) -> None:
-                for name in full_precision_sets:
-                    x = eval_sets[name][0]
-                    accumulate(at_bit_depth[f"{name}@{scheme}"], predictor, x, precision)
-
-            evaluate_at_bit_depths(predictor, evaluate_stored, schemes)
-            bit_depth_s += time.perf_counter() - tick
-            tick = time.perf_counter()
-        for name, (x, _) in eval_sets.items():
-            accumulate(accumulators[name], predictor, x, precision)
-        eval_s += time.perf_counter() - tick
-        if attacked is not None:
-            tick = time.perf_counter()
-            attacked.observe(predictor)
-            if transfer is not None:
-                transfer.update(
-                    lambda x, p=predictor: predict(p, x, precision),
-                    lambda x, p=predictor: predict_expected_entropy(p, x, precision),
-                )
-            attack_s += time.perf_counter() - tick  # copying a kept sample is part of the attack's cost
-        if progress is not None and "validation" in eval_sets:
-            running = _evaluate(ds, accumulators["validation"], eval_sets["validation"][1], "validation")
-            progress(
-                accumulators["validation"].n_samples,
-                {f"val_{k}": float(v) for k, v in running.items()},
-                {"train_s": train_s, "cpu_s": time.process_time() - start_cpu},
-            )
-        tick = time.perf_counter()
-    train_s += time.perf_counter() - tick
-    n_samples = next(iter(accumulators.values())).n_samples
-    if n_samples == 0:
-        raise RuntimeError(f"method {spec['method']} produced no posterior samples")
-
-    outcome = TrialOutcome(record={})
-    values: dict[str, dict[str, float]] = {}
-    adversarial_tables = {}
-    transfer_from = ""  # the trial whose examples the transfer sets are (the source's own id for itself)
-    if attacked is not None and attacked.n_kept > 0:
-        tick = time.perf_counter()
-        examples, adversarial = _attack(spec, ds, attacked, eval_sets["test"], seeds["corruption"])
-        reference = set_name("pgd", REFERENCE_EPSILON.get(DATASET_FAMILIES.get(spec["dataset"], ""), math.nan))
-        for name, table in adversarial.metrics().items():  # `reference`: the robustness composite's set
-            values[f"adv:{name}"] = table | ({"reference": float(name == reference)} if name != "clean" else {})
-        adversarial_tables = {f"adv:{name}": table for name, table in adversarial.tables().items()}
-        if spec.get("transfer_source"):  # its transfer sets are its own white-box ones
-            outcome.transfer_examples = examples_to_bytes(examples)
-            transfer = adversarial
-        if transfer is not None:
-            transfer_from = spec["trial_id"] if spec.get("transfer_source") else spec["transfer_from"]
-            values.update({f"transfer:{name}": table for name, table in transfer.metrics().items()})
-            adversarial_tables.update({f"transfer:{name}": table for name, table in transfer.tables().items()})
-        attack_s += time.perf_counter() - tick
-    for name, (x, y) in eval_sets.items():
-        if y is not None:
-            values[name] = _evaluate(ds, accumulators[name], y, name)
-    if spec["phase"] == "final":
-        if ds.task == "classification":
-            for name in ds.ood:
-                values[name] = ood_metrics(accumulators["test"], accumulators[name])
-            for scheme in schemes:
-                test = at_bit_depth[f"test@{scheme}"]
-                values[f"test@{scheme}"] = _evaluate(ds, test, eval_sets["test"][1], "test")
-                for name in ds.ood:
-                    values[f"{name}@{scheme}"] = ood_metrics(test, at_bit_depth[f"{name}@{scheme}"])
-        elif not ds.test_y_observed:  # a regression set from files has no noise-free truth
-            outcome.points = _points(spec, ds, accumulators["test"])
-    if "validation" in values:
-        outcome.selection = {f"val_{k}": float(v) for k, v in values["validation"].items()}
-
-    n_eval_examples = sum(x.shape[0] for x, _ in eval_sets.values())
-    values["cost"] = {
-        "train_s": train_s,
-        "s_per_sample": train_s / n_samples,
-        "predict_s_per_example": eval_s / n_eval_examples,
-        "n_params": float(n_params),
-        "n_samples": float(n_samples),
-        # the last sample stands for the structure of every one: FLOPs of a forward pass, storage of the posterior
-        **cost_metrics_at_test_time(method, predictor, spec["config"], n_samples, ds.input_shape),
-    }
-    base = {
-        "trial_id": spec["trial_id"],
-        "method": spec["label"],
-        "model": spec["model"],
-        "dataset": spec["dataset"],
-        "seed": seed,
-        "phase": spec["phase"],
-    }
-    outcome.metrics = [
-        {**base, "eval_set": eval_set, "metric": metric, "value": float(value)}
-        for eval_set, table in values.items()
-        for metric, value in table.items()
-    ]
-    if spec["save_predictions"] and spec["phase"] == "final" and ds.task == "classification":
-        outcome.predictions = {
-            name: prediction_table(acc, None if labels is None else labels.numpy())
-            for name, acc in {**accumulators, **at_bit_depth}.items()
-            for labels in [eval_sets[name.split("@")[0]][1]]
-        } | adversarial_tables
-    outcome.record = {
-        "n_samples": n_samples,
-        "n_params": n_params,
-        "setup_s": setup_s,
-        "train_s": train_s,
-        "eval_s": eval_s,
-        "bit_depth_eval_s": bit_depth_s,
-        "attack_s": attack_s,
-        "cpu_s": time.process_time() - start_cpu,
-        "device": str(device),
-        "grad_evals": float(stats.get("grad_evals", math.nan)),
-        "accept_rate": float(stats.get("accept_rate", math.nan)),
-        "method_stats": json.dumps({k: float(v) for k, v in stats.items()}, sort_keys=True),
-        "transfer_from": transfer_from,
-    }
-    return outcome
+def run_trials_batched(specs: list[Mapping[str, Any]], device: torch.device | None = None) -> list[TrialOutcome]:
+    """Run the trials of ``specs`` -- seeds of one (method, model, dataset, configuration) -- with the
+    method's batched stream (``sample_posterior_batched``; :mod:`ursa_ray.methods.batched`): every trial
+    gets the outcome it would alone (its own data, initialisation, random streams, evaluation), but the
+    training is one computation.  The training seconds, like the trial's other shared costs, are split
+    evenly over the trials (``seeds_in_trial`` says how many shared it).  The seeds run in chunks whose
+    copies (seeds × the method's ``batched_copies(config)``: ensemble members, chains) fit
+    :data:`~ursa_ray.methods.batched.COPY_MEMORY_BUDGET` (:func:`~ursa_ray.methods.batched.max_copies`).
+    A method without a batched stream, or a network too large to batch, runs the trials one after another."""
+    runs = [TrialRun(spec, device, own_init_stream=True) for spec in specs]
+    method = runs[0].method
+    with torch.random.fork_rng(devices=[]):
+        probe = runs[0].build_model()
+    if not hasattr(method, "sample_posterior_batched") or not batched.can_batch(probe, runs[0].problem):
+        return [run_trial(spec, device) for spec in specs]
+    config = specs[0]["config"]
+    copies_per_seed = method.batched_copies(config) if hasattr(method, "batched_copies") else 1
+    fit = max(1, batched.max_copies(probe, config.get("batch_size", 128), math.prod(runs[0].ds.input_shape)) // copies_per_seed)
+    outcomes = []
+    for start in range(0, len(runs), fit):  # as many seeds at once as fit the memory budget
+        chunk = runs[start : start + fit]
+        stream = method.sample_posterior_batched([r.problem for r in chunk], config, [r.stats for r in chunk])
+        train_s = _stream_into(chunk, stream, True)
+        for run in chunk:
+            run.train_s = train_s / len(chunk)
+            outcome = run.finish()
+            outcome.record["seeds_in_trial"] = len(runs)
+            outcomes.append(outcome)
+    return outcomes
 
 
 def _evaluate(ds: data.base.Dataset, pred: Any, targets: Tensor, eval_set: str) -> dict[str, float]:

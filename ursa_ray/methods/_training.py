@@ -5,7 +5,7 @@ regulariser (concrete and variational dropout)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -39,23 +39,23 @@ def check_finite(loss: torch.Tensor, epoch: int) -> None:
 Loss = Callable[[nn.Module, Tensor, Tensor], Tensor]
 
 
-def _minimise(
-    model: nn.Module,
-    problem: Problem,
+def minimise(
+    minibatches: Callable[[int], Iterator[tuple[Tensor, Tensor]]],
+    n_train: int,
     config: Mapping[str, Any],
     optimiser: torch.optim.Optimizer,
     epochs: int,
     loss_at: Callable[[Tensor, Tensor, float], Tensor],
 ) -> tuple[int, Tensor]:
-    """``epochs`` epochs of ``optimiser`` steps on ``loss_at(x_batch, y_batch, progress)``, progress ∈ [0, 1)
-    the share of steps done.  The cosine schedule anneals lr_t = lr · (1 + cos(π t / T)) / 2 over the T
-    steps of the run.  Returns (steps taken, the last loss); raises FloatingPointError at the end of an
-    epoch whose last loss is not finite."""
-    total = epochs * math.ceil(problem.n_train / config["batch_size"])
+    """``epochs`` epochs of ``optimiser`` steps on ``loss_at(x_batch, y_batch, progress)`` over the mini-batches
+    ``minibatches(batch_size)`` of one epoch of ``n_train`` examples, progress ∈ [0, 1) the share of steps
+    done.  The cosine schedule anneals lr_t = lr · (1 + cos(π t / T)) / 2 over the T steps of the run.
+    Returns (steps taken, the last loss); raises FloatingPointError at the end of an epoch whose last loss
+    is not finite.  The caller puts its network(s) in training mode."""
+    total = epochs * math.ceil(n_train / config["batch_size"])
     step = 0
-    model.train()
     for epoch in range(epochs):
-        for xb, yb in problem.minibatches(config["batch_size"]):
+        for xb, yb in minibatches(config["batch_size"]):
             if config["schedule"] == "cosine":
                 for group in optimiser.param_groups:
                     group["lr"] = config["lr"] * 0.5 * (1 + math.cos(math.pi * step / total))
@@ -91,7 +91,9 @@ def train_sgd(
     else:
         def loss_at(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
             return loss_fn(model, xb, yb)
-    steps, _ = _minimise(model, problem, config, optimiser, config["epochs"] if epochs is None else epochs, loss_at)
+    model.train()
+    epochs = config["epochs"] if epochs is None else epochs
+    steps, _ = minimise(problem.minibatches, problem.n_train, config, optimiser, epochs, loss_at)
     stats["grad_evals"] = stats.get("grad_evals", 0.0) + grad_evals_per_step * steps
     return model
 
@@ -114,7 +116,8 @@ def train_adam(
     def loss_at(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
         return problem.likelihood.nll(model(xb), yb) + regulariser(progress)
 
-    steps, loss = _minimise(model, problem, config, optimiser, config["epochs"], loss_at)
+    model.train()
+    steps, loss = minimise(problem.minibatches, problem.n_train, config, optimiser, config["epochs"], loss_at)
     stats["grad_evals"] = stats.get("grad_evals", 0.0) + steps
     stats["final_loss"] = float(loss)
     return model

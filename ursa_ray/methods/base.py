@@ -263,6 +263,13 @@ class Method(Protocol):
 
     # Optional: ``warm_up(device)`` pays the method's one-off costs in a fresh worker (compiling kernels)
     # before any timed trial; :func:`ursa_ray.trial.warm_up_worker` calls it once per worker process.
+    # Optional: ``sample_posterior_batched(problems, config, stats) -> Iterator[list[Predictor]]`` runs the
+    # streams of several problems (seeds of one grid cell: same N, same configuration, a batchable network)
+    # as one batched computation (:mod:`ursa_ray.methods.batched`); each item holds one predictor per
+    # problem, the s-th sample of each problem's stream, and each stream must be what
+    # ``sample_posterior`` would give that problem (up to float order, or in distribution where it draws
+    # from torch's global generator).  ``batched_copies(config) -> int``: networks per problem it trains
+    # side by side (ensemble members, chains), for the memory cap (default 1).
     # Optional: ``posterior_storage(sample, config, n_samples) -> StorageCount`` declares what the method
     # stores to represent its posterior at test time (:class:`StorageCount`); without it, S networks
     # (:func:`sample_networks_storage`).  :func:`posterior_storage_count` reads it.

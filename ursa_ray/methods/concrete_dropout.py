@@ -19,7 +19,7 @@ with exact Bernoulli(p) masks at the learned rates.  ``stats`` records the learn
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, StorageCount, n_parameters
 from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, replace_module, train_adam
+from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, train_adam_copies
 
 _EPS = 1e-7
 _WEIGHT_LAYERS = (nn.Linear, nn.modules.conv._ConvNd)
@@ -61,8 +62,13 @@ class ConcreteDropout(nn.Module):
         return x * (1.0 - drop) / (1.0 - p)
 
     def entropy(self) -> Tensor:
-        p = self.p.clamp(_EPS, 1 - _EPS)
-        return -(p * torch.log(p) + (1 - p) * torch.log1p(-p))
+        return bernoulli_entropy(self.p)
+
+
+def bernoulli_entropy(p: Tensor) -> Tensor:
+    """H(p) = −p log p − (1 − p) log(1 − p), elementwise, p clamped to [ε, 1 − ε]."""
+    p = p.clamp(_EPS, 1 - _EPS)
+    return -(p * torch.log(p) + (1 - p) * torch.log1p(-p))
 
 
 def install_concrete_dropout(
@@ -119,6 +125,43 @@ def concrete_regulariser(
     return sum(terms) / n_train
 
 
+def stacked_concrete_regulariser(
+    model: nn.Module,
+    pairs: list[tuple[ConcreteDropout | None, nn.Module]],
+    uncovered: list[Tensor],
+    length_scale: float,
+    n_train: int,
+) -> Callable[[dict[str, Tensor]], Tensor]:
+    """:func:`concrete_regulariser` of C copies of ``model`` (whose ``pairs`` and ``uncovered`` weights
+    these are) from their named (C, *shape) parameters (:meth:`StackedNetworks.parameters_of`): the same
+    terms, each reduced over all but the copy dimension, shape (C,)."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    plan = [
+        (None if d is None else names[id(d.p_logit)], None if d is None else d.in_features,
+         [names[id(w)] for w in layer.parameters()])
+        for d, layer in pairs
+    ]
+    rest = [names[id(w)] for w in uncovered]
+    half_l2 = 0.5 * length_scale**2
+
+    def squares(w: Tensor) -> Tensor:
+        return (w**2).reshape(w.shape[0], -1).sum(1)
+
+    def regulariser(params: dict[str, Tensor]) -> Tensor:
+        terms = []
+        for rate, k, weights in plan:
+            sq = sum(squares(params[name]) for name in weights)
+            if rate is None:
+                terms.append(half_l2 * sq)
+            else:
+                p = torch.sigmoid(params[rate])
+                terms.append(half_l2 * sq / (1 - p) - k * bernoulli_entropy(p))
+        terms.extend(half_l2 * squares(params[name]) for name in rest)
+        return sum(terms) / n_train
+
+    return regulariser
+
+
 def concrete_dropout_storage(sample: nn.Module, config: Mapping[str, Any], n_samples: int) -> StorageCount:
     """One network: its P weights, and the L learned rates (one ``p_logit`` per :class:`ConcreteDropout`
     slot) as other values; the masks are drawn at prediction time."""
@@ -163,6 +206,46 @@ class ConcreteDropoutMethod:
         for s in range(config["n_samples"]):
             stats["n_samples"] = s + 1
             yield model
+
+    def sample_posterior_batched(
+        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
+    ) -> Iterator[list[Predictor]]:
+        """:meth:`sample_posterior` for every problem at once: one batched Adam run
+        (:func:`~ursa_ray.methods.batched.train_adam_copies`) on Σ_c [nll_c + KL_c/N], each copy's KL from its
+        own row of the stacked parameters (:func:`stacked_concrete_regulariser`), its mini-batches from its
+        problem's generator, its concrete masks drawn independently of the other copies'.  Each copy's own
+        network (its :class:`ConcreteDropout` rates views of its row) then yields its stochastic passes."""
+        models, all_pairs = [], []
+        for problem in problems:
+            model = problem.make_model()
+            all_pairs.append(install_concrete_dropout(model, config["init_p"], config["relaxation_temperature"]))
+            model.to(problem.device)
+            with torch.no_grad():  # as in sample_posterior: fixes K of a slot in front of no weight layer
+                model(problem.x[:2])
+            models.append(model)
+        n_train = problems[0].n_train
+        regulariser = stacked_concrete_regulariser(
+            models[0], all_pairs[0], uncovered_parameters(all_pairs[0], models[0]), config["length_scale"], n_train
+        )
+        stacked = StackedNetworks(models)
+        data = CopyData.from_problems(problems, [p.generator for p in problems], [None] * len(problems))
+        nll = batched_nll(problems[0].likelihood)
+
+        def loss(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
+            return nll(stacked(xb), yb) + regulariser(stacked.parameters_of(stacked.theta))
+
+        steps, last = train_adam_copies(stacked, data, loss, config)
+        stacked.train(False)  # Bernoulli masks at the learned rates
+        for one, pairs, final in zip(stats, all_pairs, last.tolist(), strict=True):
+            rates = [float(d.p.detach()) for d, _ in pairs if d is not None]
+            one["grad_evals"] = one.get("grad_evals", 0.0) + steps
+            one["final_loss"] = final
+            one["cd_p_mean"] = sum(rates) / len(rates)
+            one["cd_p_max"] = max(rates)
+        for s in range(config["n_samples"]):
+            for one in stats:
+                one["n_samples"] = s + 1
+            yield models
 
 
 METHODS = (ConcreteDropoutMethod(),)

@@ -1,8 +1,11 @@
 """Deep ensembles (Lakshminarayanan, Pritzel & Blundell 2017).
 
 M = ``n_samples`` members, each a fresh ``problem.make_model()`` (its own random initialisation), each
-trained by SGD on the mean negative log-likelihood and yielded as soon as it is trained, so only one
-member is alive at a time.  The predictive is the average of the members' predictives.
+trained by SGD on the mean negative log-likelihood.  The predictive is the average of the members'
+predictives.  Small networks (:func:`~ursa_ray.methods.batched.can_batch`) train all M members as one
+batched computation, each member with its own generator (:func:`~ursa_ray.methods.batched.copy_generators`:
+its mini-batch order and bootstrap resample); larger ones train one member after another, each yielded
+as soon as it is trained, so only one is alive at a time.
 
 Options (the variants of the deep-regression benchmark):
 
@@ -18,7 +21,7 @@ Options (the variants of the deep-regression benchmark):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,6 +30,14 @@ from torch import Tensor, nn
 from ursa_ray.methods import _training
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
 from ursa_ray.methods.base import Hyperparameter, Likelihood, Predictor, Problem, sample_networks_storage
+from ursa_ray.methods.batched import (
+    CopyData,
+    StackedNetworks,
+    batched_nll,
+    can_batch,
+    copy_generators,
+    train_sgd_copies,
+)
 
 
 def bootstrap_problem(problem: Problem) -> Problem:
@@ -85,10 +96,17 @@ class DeepEnsemble:
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
     ) -> Iterator[Predictor]:
+        first = problem.make_model()
+        if can_batch(first, problem):
+            for members in self._batched([problem], config, [stats], first):
+                yield members[0]
+            return
         epsilon = config["adversarial_epsilon"]
         step = input_step_size(problem.x, epsilon) if epsilon > 0 else None
+        unused = [first]  # built to see whether the network batches: member 0, not kept alive beyond it
+        del first
         for m in range(config["n_samples"]):
-            model = problem.make_model()
+            model = unused.pop() if unused else problem.make_model()
             member_problem = bootstrap_problem(problem) if config["bootstrap"] else problem
             if step is None:
                 train_sgd(model, member_problem, config, stats)
@@ -99,6 +117,67 @@ class DeepEnsemble:
             stats["n_samples"] = m + 1
             yield model
             del model  # before the next member is built: one member alive at a time
+
+    def batched_copies(self, config: Mapping[str, Any]) -> int:
+        """Networks trained side by side per seed: the M members."""
+        return config["n_samples"]
+
+    def sample_posterior_batched(
+        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
+    ) -> Iterator[list[Predictor]]:
+        """Every problem's M members as one batched computation; the m-th item holds each problem's m-th member."""
+        yield from self._batched(problems, config, stats, None)
+
+    def _batched(
+        self,
+        problems: Sequence[Problem],
+        config: Mapping[str, Any],
+        stats: Sequence[dict[str, float]],
+        first: nn.Module | None,
+    ) -> Iterator[list[Predictor]]:
+        n_members = config["n_samples"]
+        owners = [k for k in range(len(problems)) for _ in range(n_members)]  # copy -> its problem
+        generators = [g for problem in problems for g in copy_generators(problem, n_members)]
+        models = [
+            first if (first is not None and c == 0) else problems[k].make_model() for c, k in enumerate(owners)
+        ]
+        n = problems[0].n_train
+        rows = [
+            torch.randint(n, (n,), generator=g, device="cpu") if config["bootstrap"] else None for g in generators
+        ]
+        data = CopyData.from_problems([problems[k] for k in owners], generators, rows)
+        stacked = StackedNetworks(models)
+        likelihood = problems[0].likelihood
+        epsilon = config["adversarial_epsilon"]
+        loss_fn, per_step = None, 1
+        if epsilon > 0:
+            step = torch.stack([input_step_size(problems[k].x, epsilon) for k in owners]).unsqueeze(1)
+            loss_fn, per_step = _adversarial_copies_loss(likelihood, step), 3
+        steps = train_sgd_copies(stacked, data, likelihood, config, loss_fn)
+        stacked.train(False)
+        for one in stats:
+            one["grad_evals"] = one.get("grad_evals", 0.0) + per_step * steps * n_members
+        for m in range(n_members):
+            for one in stats:
+                one["n_samples"] = m + 1
+            yield [models[k * n_members + m] for k in range(len(problems))]
+
+
+def _adversarial_copies_loss(
+    likelihood: Likelihood, step: Tensor
+) -> Callable[[StackedNetworks, Tensor, Tensor], Tensor]:
+    """:func:`train_adversarial`'s loss for batched copies: per copy ½ ℓ(x) + ½ ℓ(x + δ ⊙ sign ∇ₓℓ(x)), with
+    ``step`` the (C, 1, ...) input step δ of each copy's problem."""
+    nll = batched_nll(likelihood)
+
+    def loss(stacked: StackedNetworks, xb: Tensor, yb: Tensor) -> Tensor:
+        x = xb.detach().requires_grad_(True)
+        clean = nll(stacked(x), yb)
+        (grad_x,) = torch.autograd.grad(clean.sum(), x, retain_graph=True)
+        x_adv = (xb + step * grad_x.sign()).detach()
+        return 0.5 * (clean + nll(stacked(x_adv), yb))
+
+    return loss
 
 
 METHODS = (DeepEnsemble(),)

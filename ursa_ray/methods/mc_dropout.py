@@ -7,13 +7,14 @@ sets it) get rate ``p``; batch-norm layers stay in evaluation mode while samplin
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from torch import nn
 
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
 from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, one_network_storage
+from ursa_ray.methods.batched import CopyData, StackedNetworks, train_sgd_copies
 
 
 def set_dropout(model: nn.Module, p: float) -> list[nn.Dropout]:
@@ -49,6 +50,26 @@ class MCDropout:
         for s in range(config["n_samples"]):
             stats["n_samples"] = s + 1
             yield model
+
+    def sample_posterior_batched(
+        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
+    ) -> Iterator[list[Predictor]]:
+        """:meth:`sample_posterior` for every problem at once: one batched training run (independent masks
+        per copy), then each copy's network yields its stochastic passes."""
+        models = [problem.make_model() for problem in problems]
+        dropout_layers = [layer for model in models for layer in set_dropout(model, config["p"])]
+        stacked = StackedNetworks(models)
+        data = CopyData.from_problems(problems, [p.generator for p in problems], [None] * len(problems))
+        steps = train_sgd_copies(stacked, data, problems[0].likelihood, config)
+        stacked.train(False)
+        for layer in dropout_layers:
+            layer.train()
+        for one in stats:
+            one["grad_evals"] = one.get("grad_evals", 0.0) + steps
+        for s in range(config["n_samples"]):
+            for one in stats:
+                one["n_samples"] = s + 1
+            yield models
 
 
 METHODS = (MCDropout(),)

@@ -44,8 +44,9 @@ of them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -61,6 +62,8 @@ from ursa_ray.methods._sgmcmc_kernels import (
     momentum_step_,
     warm_up_kernels,
 )
+from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, can_batch, copy_generators
+from ursa_ray.methods.chains import ChainTrace, warm_up_diagnostics
 from ursa_ray.methods.base import (
     Constraint,
     Hyperparameter,
@@ -100,7 +103,10 @@ def _chain(schedule_default: str) -> tuple[Hyperparameter, ...]:
         Hyperparameter("epochs", int, 150, "epochs in all, burn-in included", low=1),
         Hyperparameter("burn_in_epochs", int, 50, "epochs before the first sample", low=0),
         Hyperparameter(
-            "n_samples", int, 100, "samples, evenly spaced over the post-burn-in steps (last at the end)", low=1
+            "n_samples", int, 100, "samples per chain, evenly spaced over the post-burn-in steps (last at the end)", low=1
+        ),
+        Hyperparameter(
+            "n_chains", int, 1, "chains run side by side (batched), their samples pooled; > 1 adds R̂ and ESS", low=1
         ),
         Hyperparameter(
             "schedule",
@@ -213,8 +219,10 @@ class _SGMCMC:
         self.cyclical = cyclical
 
     def warm_up(self, device: torch.device) -> None:
-        """Compile the noise and momentum kernels on ``device`` (see :class:`~ursa_ray.methods.base.Method`)."""
+        """Compile the noise and momentum kernels on ``device`` and import ArviZ (the R̂ of ``n_chains``;
+        about 2 s), see :class:`~ursa_ray.methods.base.Method`."""
         warm_up_kernels(device)
+        warm_up_diagnostics()
 
     def plan(
         self, n_train: int, config: Mapping[str, Any]
@@ -249,6 +257,45 @@ class _SGMCMC:
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
     ) -> Iterator[Predictor]:
+        n_chains = config.get("n_chains", 1)
+        if n_chains == 1:
+            yield from self._one_chain(problem, config, stats)
+            return
+        first = problem.make_model()
+        if can_batch(first, problem):
+            for item in self._chains([problem], config, [stats], first):
+                yield item[0]
+            return
+        # too large to batch: the chains one after another, each with its own generator
+        trace = ChainTrace(problem.x, n_chains)
+        stats["grad_evals"] = 0.0
+        pooled = 0
+        for c, generator in enumerate(copy_generators(problem, n_chains)):
+            own: dict[str, float] = {}
+            chain_problem = dataclasses.replace(problem, generator=generator)
+            if c == 0:
+                chain_problem = dataclasses.replace(chain_problem, make_model=_once(first, problem.make_model))
+                first = None  # the chain holds it from here
+            for predictor in self._one_chain(chain_problem, config, own):
+                trace.record(c, predictor)
+                pooled += 1
+                stats["n_samples"] = pooled
+                yield predictor
+            stats["grad_evals"] += own["grad_evals"]
+        stats.update(trace.summary())
+
+    def batched_copies(self, config: Mapping[str, Any]) -> int:
+        """Networks trained side by side per seed: the chains."""
+        return config.get("n_chains", 1)
+
+    def sample_posterior_batched(
+        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
+    ) -> Iterator[list[Predictor]]:
+        """Every problem's ``n_chains`` chains as one batched computation; each item holds one sample per
+        problem (at each sampling step, chain 1's, then chain 2's, ...)."""
+        yield from self._chains(problems, config, stats, None)
+
+    def _one_chain(self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]) -> Iterator[Predictor]:
         total, lr_at, noisy_at, sample_steps = self.plan(problem.n_train, config)
         chain = LangevinChain(problem.make_model(), problem, config, momentum=self.momentum)
         model, flat = chain.model, chain.flat
@@ -278,6 +325,64 @@ class _SGMCMC:
                 flat.check_finite(loss, f"in epoch {epoch + 1}")
                 checked = step
         stats["grad_evals"] = float(step)
+
+    def _chains(
+        self,
+        problems: Sequence[Problem],
+        config: Mapping[str, Any],
+        stats: Sequence[dict[str, float]],
+        first: torch.nn.Module | None,
+    ) -> Iterator[list[Predictor]]:
+        """C = ``n_chains`` chains per problem as batched copies (:class:`LangevinCopies`).  One chain per
+        problem uses the problem's own generator (the single-chain stream, :meth:`_one_chain`); more use
+        :func:`~ursa_ray.methods.batched.copy_generators`."""
+        n_chains = config.get("n_chains", 1)
+        total, lr_at, noisy_at, sample_steps = self.plan(problems[0].n_train, config)
+        owners = [k for k in range(len(problems)) for _ in range(n_chains)]
+        generators = [
+            g for problem in problems for g in ([problem.generator] if n_chains == 1 else copy_generators(problem, n_chains))
+        ]
+        models = [first if (first is not None and c == 0) else problems[k].make_model() for c, k in enumerate(owners)]
+        chains = LangevinCopies(models, generators, problems[0], config, momentum=self.momentum)
+        data = CopyData.from_problems([problems[k] for k in owners], generators, [None] * len(owners))
+        traces = [ChainTrace(problem.x, n_chains) for problem in problems] if n_chains > 1 else []
+        for one in stats:
+            one["n_samples"] = 0
+            one["grad_evals"] = 0.0
+        step = next_sample = checked = 0
+        epochs = total // _steps_per_epoch(problems[0].n_train, config)
+        chains.stacked.train()
+        for epoch in range(epochs):
+            for xb, yb in data.minibatches(config["batch_size"]):
+                loss = chains.step(xb, yb, lr_at(step), noisy_at(step))
+                step += 1
+                if next_sample < len(sample_steps) and step == sample_steps[next_sample]:
+                    chains.check_finite(loss, f"at step {step} (epoch {epoch + 1})")
+                    checked = step
+                    next_sample += 1
+                    chains.stacked.train(False)
+                    for c in range(n_chains):
+                        item = [models[k * n_chains + c] for k in range(len(problems))]
+                        for trace, predictor in zip(traces, item):
+                            trace.record(c, predictor)
+                        for one in stats:
+                            one["n_samples"] = (next_sample - 1) * n_chains + c + 1
+                            one["grad_evals"] = float(step * n_chains)
+                        yield item
+                    chains.stacked.train()
+            if step - checked >= 32 or epoch == epochs - 1:
+                chains.check_finite(loss, f"in epoch {epoch + 1}")
+                checked = step
+        for one, trace in zip(stats, traces or [None] * len(stats)):
+            one["grad_evals"] = float(step * n_chains)
+            if trace is not None:
+                one.update(trace.summary())
+
+
+def _once(model: torch.nn.Module, make_model: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
+    """``make_model`` that returns ``model`` on its first call (a network already built), fresh ones after."""
+    built = [model]
+    return lambda: built.pop() if built else make_model()
 
 
 class LangevinChain:
@@ -328,6 +433,65 @@ class LangevinChain:
                     momentum_step_(theta, velocity, grad, keep, lr, decay)
         self.steps += 1
         return loss.detach()
+
+class LangevinCopies:
+    """:class:`LangevinChain` for C copies trained as one batched computation
+    (:class:`~ursa_ray.methods.batched.StackedNetworks`): one forward and backward pass of all copies, then
+    each copy's update on its own row of θ with its own noise stream (:class:`GaussianNoise` keyed from the
+    copy's generator, before its first mini-batch, as a single chain keys it)."""
+
+    def __init__(
+        self,
+        models: Sequence[torch.nn.Module],
+        generators: Sequence[torch.Generator],
+        problem: Problem,
+        config: Mapping[str, Any],
+        *,
+        momentum: bool,
+    ):
+        self.stacked = StackedNetworks(models)
+        theta = self.stacked.theta.data
+        self.noise = [GaussianNoise(theta[c], g) for c, g in enumerate(generators)]
+        self.velocity = torch.zeros_like(theta) if momentum else None
+        self.alpha = config["alpha"] if momentum else 1.0
+        self.n_train = problem.n_train
+        self.decay = 1.0 / (self.n_train * config["prior_std"] ** 2)
+        self.temperature = config["temperature"]
+        self.nll = batched_nll(problem.likelihood)
+
+    def step(self, xb: Tensor, yb: Tensor, lr: float, noisy: bool = True) -> Tensor:
+        """One update of every copy on its own mini-batch (``xb`` (C, B, ...), ``yb`` (C, B)); returns the
+        copies' mean losses (C,), detached."""
+        stacked = self.stacked
+        sigma = langevin_noise_std(lr / self.n_train, self.temperature, self.alpha) if noisy else 0.0
+        stacked.theta.grad = None
+        with torch.enable_grad():
+            losses = self.nll(stacked(xb), yb)
+            losses.sum().backward()
+        theta, grad, velocity = stacked.theta.data, stacked.theta.grad, self.velocity
+        with torch.no_grad():
+            if velocity is None:
+                if sigma > 0.0:
+                    for c, noise in enumerate(self.noise):
+                        noise.add_to_(theta[c], sigma, shrink=1.0 - lr * self.decay, grad=grad[c], lr=lr)
+                else:
+                    theta.mul_(1.0 - lr * self.decay).add_(grad, alpha=-lr)
+            else:
+                keep, decay = 1.0 - self.alpha, lr * self.decay
+                for c, noise in enumerate(self.noise):
+                    if sigma > 0.0:
+                        noise.momentum_step_(theta[c], velocity[c], grad[c], sigma, keep, lr, decay)
+                    else:
+                        momentum_step_(theta[c], velocity[c], grad[c], keep, lr, decay)
+        return losses.detach()
+
+    def check_finite(self, losses: Tensor, where: str) -> None:
+        """Raise FloatingPointError when a copy's loss or any parameter is NaN or infinite."""
+        if not bool(torch.isfinite(losses).all()):
+            raise FloatingPointError(f"loss became {losses.tolist()} {where}")
+        if not bool(torch.isfinite(self.stacked.theta.data).all()):
+            raise FloatingPointError(f"parameters became non-finite {where}")
+
 
 METHODS = (
     _SGMCMC(

@@ -18,7 +18,7 @@ samples are stochastic forward passes (fresh noise for every call).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from torch.nn import functional as F
 
 from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, one_network_storage
 from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, replace_module, train_adam
+from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, train_adam_copies
 
 K1, K2, K3 = 0.63576, 1.87320, 1.48695
 LOG_ALPHA_CLIP = 10.0
@@ -44,7 +45,7 @@ class VariationalLinear(nn.Module):
 
     @property
     def log_alpha(self) -> Tensor:
-        return torch.clamp(self.log_sigma2 - torch.log(self.weight**2 + 1e-8), -LOG_ALPHA_CLIP, LOG_ALPHA_CLIP)
+        return log_alpha(self.weight, self.log_sigma2)
 
     def forward(self, x: Tensor) -> Tensor:
         mean = F.linear(x, self.weight, self.bias)
@@ -52,9 +53,30 @@ class VariationalLinear(nn.Module):
         return mean + torch.sqrt(var + 1e-8) * torch.randn_like(mean)
 
     def kl(self) -> Tensor:
-        la = self.log_alpha
-        neg_kl = K1 * torch.sigmoid(K2 + K3 * la) - 0.5 * F.softplus(-la) - K1
-        return -neg_kl.sum()
+        return kl_terms(self.weight, self.log_sigma2).sum()
+
+
+def log_alpha(weight: Tensor, log_sigma2: Tensor) -> Tensor:
+    """log α = log σ² − log θ², clipped to [−10, 10], elementwise."""
+    return torch.clamp(log_sigma2 - torch.log(weight**2 + 1e-8), -LOG_ALPHA_CLIP, LOG_ALPHA_CLIP)
+
+
+def kl_terms(weight: Tensor, log_sigma2: Tensor) -> Tensor:
+    """Molchanov et al.'s approximate KL(q(w_ij) ‖ p(w_ij)) of every weight, elementwise."""
+    la = log_alpha(weight, log_sigma2)
+    return -(K1 * torch.sigmoid(K2 + K3 * la) - 0.5 * F.softplus(-la) - K1)
+
+
+def stacked_kl(model: nn.Module) -> Callable[[dict[str, Tensor]], Tensor]:
+    """Σ over the :class:`VariationalLinear` layers of ``model`` of their KL, for C copies of ``model`` from
+    their named (C, *shape) parameters (:meth:`StackedNetworks.parameters_of`): shape (C,)."""
+    layers = [name for name, m in model.named_modules() if isinstance(m, VariationalLinear)]
+
+    def kl(params: dict[str, Tensor]) -> Tensor:
+        terms = [kl_terms(params[f"{name}.weight"], params[f"{name}.log_sigma2"]) for name in layers]
+        return sum(t.reshape(t.shape[0], -1).sum(1) for t in terms)
+
+    return kl
 
 
 def install_variational_linear(model: nn.Module, init_log_sigma2: float) -> list[VariationalLinear]:
@@ -104,6 +126,42 @@ class VariationalDropoutMethod:
         for s in range(config["n_samples"]):
             stats["n_samples"] = s + 1
             yield model
+
+    def sample_posterior_batched(
+        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
+    ) -> Iterator[list[Predictor]]:
+        """:meth:`sample_posterior` for every problem at once: one batched Adam run
+        (:func:`~ursa_ray.methods.batched.train_adam_copies`) on Σ_c [nll_c + β KL_c/N], each copy's KL from
+        its own row of the stacked parameters (:func:`stacked_kl`), its noise drawn independently of the
+        other copies'.  Each copy's own network then yields its stochastic passes."""
+        models, all_layers = [], []
+        for problem in problems:
+            model = problem.make_model()
+            all_layers.append(install_variational_linear(model, config["init_log_sigma2"]))
+            models.append(model.to(problem.device))
+        warmup, beta, n_train = config["kl_warmup"], config["kl_weight"], problems[0].n_train
+        kl = stacked_kl(models[0])
+        stacked = StackedNetworks(models)
+        data = CopyData.from_problems(problems, [p.generator for p in problems], [None] * len(problems))
+        nll = batched_nll(problems[0].likelihood)
+
+        def loss(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
+            ramp = 1.0 if warmup == 0 else min(1.0, progress / warmup)
+            return nll(stacked(xb), yb) + beta * ramp * kl(stacked.parameters_of(stacked.theta)) / n_train
+
+        steps, last = train_adam_copies(stacked, data, loss, config)
+        stacked.train(False)
+        for one, layers, final in zip(stats, all_layers, last.tolist(), strict=True):
+            with torch.no_grad():
+                la = torch.cat([layer.log_alpha.reshape(-1) for layer in layers])
+            one["grad_evals"] = one.get("grad_evals", 0.0) + steps
+            one["final_loss"] = final
+            one["vd_log_alpha_mean"] = float(la.mean())
+            one["vd_sparsity"] = float((la > 3).double().mean())
+        for s in range(config["n_samples"]):
+            for one in stats:
+                one["n_samples"] = s + 1
+            yield models
 
 
 METHODS = (VariationalDropoutMethod(),)

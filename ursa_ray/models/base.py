@@ -17,7 +17,8 @@ class ModelSpec:
 
     Initial weights come from torch's global random number generator, which each trial seeds, so every
     (trial, call) pair starts from its own initialisation.  ``tasks`` lists the tasks the model fits.
-    A model with ``needs_feature_map`` is built with ``feature_map=dataset.feature_map`` as well.
+    A model with ``needs_feature_map`` is built with ``feature_map=dataset.feature_map`` as well.  A
+    ``batchable`` one may run several seeds as one batched computation.
     """
 
     name: str
@@ -26,6 +27,9 @@ class ModelSpec:
     options: tuple[Hyperparameter, ...] = ()
     tasks: tuple[str, ...] = ("classification", "regression")
     needs_feature_map: bool = False
+    batchable: bool = False
+    """Whether copies of the model may be trained as one batched computation (:mod:`ursa_ray.methods.batched`):
+    a small network without buffers (no batch norm).  Seeds of a grid batch only on such models."""
 
 
 def init_conv_and_batch_norm(model: nn.Module) -> None:

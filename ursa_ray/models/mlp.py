@@ -32,6 +32,7 @@ MODELS = (
         description="ReLU MLP with dropout slots; widths [200, 200] is URSABench's small-scale model",
         build=build_mlp,
         options=(Hyperparameter("widths", list, [200, 200], "hidden layer widths"),),
+        batchable=True,
     ),
-    ModelSpec(name="linear", description="linear model on the flattened inputs", build=build_linear),
+    ModelSpec(name="linear", description="linear model on the flattened inputs", build=build_linear, batchable=True),
 )

@@ -47,5 +47,6 @@ MODELS = (
         build=build_true_features,
         tasks=("regression",),
         needs_feature_map=True,
+        batchable=True,
     ),
 )

@@ -6,6 +6,10 @@ driver as a Tune checkpoint directory (which Tune moves to the storage path, loc
 search phase it also reports the running validation metrics after each posterior sample, so that an
 ASHA scheduler can stop poor configurations early.
 
+A Tune trial of the final phase runs one or several seeds of one cell (several: one batched computation,
+with its CPU seconds split evenly over them and a ``seeds_in_trial`` column saying how many shared it);
+its checkpoint holds one folder per seed, ``0/``, ``1/``, ...
+
 The first trial a worker process runs warms the process up first (:func:`ursa_ray.trial.warm_up_worker`)
 and records that time as ``worker_setup_s`` (0 on later trials of the same worker); the trial's own
 timings (``cpu_s``, ``train_s``, ``s_per_sample``) start after it.
@@ -38,63 +42,92 @@ def search_trial_spec(spec: dict[str, Any], hp: dict[str, Any], tune_trial_id: s
 
 
 def run_ursa_trial(param: dict[str, Any]) -> None:
-    """Tune entry point; ``param["spec"]`` is a trial spec from the grid (``param["hp"]`` in the search phase)."""
+    """Tune entry point.  ``param["specs"]``: the final-phase trial specs this Tune trial runs (several seeds
+    of one cell are one batched computation, :func:`ursa_ray.trial.run_trials_batched`); in the search
+    phase ``param["spec"]`` with the sampled ``param["hp"]``."""
     import torch
 
-    from ursa_ray.trial import pick_device, run_trial, warm_up_worker
+    from ursa_ray.trial import pick_device, warm_up_worker
 
     global _worker_warm
-    spec = param["spec"]
     if param.get("hp"):
-        spec = search_trial_spec(spec, param["hp"], tune.get_context().get_trial_id())
-    torch.set_num_threads(max(1, int(spec["resources"]["cpu"])))
+        specs = [search_trial_spec(param["spec"], param["hp"], tune.get_context().get_trial_id())]
+    else:
+        specs = param["specs"]
+    torch.set_num_threads(max(1, int(specs[0]["resources"]["cpu"])))
     worker_setup_s = 0.0
     if not _worker_warm:  # the first trial in this process: warm up before anything is timed
-        worker_setup_s = warm_up_worker(pick_device(spec["resources"]["gpu"]))
+        worker_setup_s = warm_up_worker(pick_device(specs[0]["resources"]["gpu"]))
         _worker_warm = True
     started_cpu = time.process_time()
 
     def progress(n_samples: int, values: dict[str, float], cost: dict[str, float]) -> None:
         tune.report({"status": "running", "n_samples": n_samples, **values, **cost})
 
-    outcome_files: dict[str, Any] = {}
-    try:
-        outcome = run_trial(spec, progress=progress if spec["phase"] == "search" else None)
-        record = {**outcome.record, "status": "ok", "error": ""}
-        selection = outcome.selection
-        outcome_files = {
-            "metrics": outcome.metrics,
-            "points": outcome.points,
-            "predictions": outcome.predictions,
-            "transfer": outcome.transfer_examples,
-        }
-    except Exception as exc:  # noqa: BLE001 - every failure becomes a failed row, never a lost grid
-        record = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-        selection = {}
-    record.update(
-        {
-            "cpu_s": time.process_time() - started_cpu,
-            "worker_setup_s": worker_setup_s,
-            "node": socket.gethostname(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "worker_pid": os.getpid(),  # the worker process: its first trial alone carries worker_setup_s
-        }
-    )
+    outcomes = _run(specs, progress if specs[0]["phase"] == "search" else None)
+    cpu_s = (time.process_time() - started_cpu) / len(specs)  # a batched trial's CPU time, split evenly
     with tempfile.TemporaryDirectory(prefix="ursa-") as folder:
-        out = Path(folder)
-        (out / "record.json").write_text(json.dumps(record, default=float))
-        import pandas as pd
-
-        for name in ("metrics", "points"):
-            rows = outcome_files.get(name)
-            if rows:
-                pd.DataFrame(rows).to_parquet(out / f"{name}.parquet", index=False)
-        if outcome_files.get("transfer"):
-            (out / "transfer.pt").write_bytes(outcome_files["transfer"])
-        for eval_set, frame in (outcome_files.get("predictions") or {}).items():
-            (out / "predictions").mkdir(exist_ok=True)
-            frame.to_parquet(out / "predictions" / f"{eval_set}.parquet", index=False)
+        for i, (record, files) in enumerate(outcomes):
+            record.update(
+                {
+                    "cpu_s": cpu_s,
+                    "worker_setup_s": worker_setup_s if i == 0 else 0.0,
+                    "node": socket.gethostname(),
+                    "node_id": ray.get_runtime_context().get_node_id(),
+                    "worker_pid": os.getpid(),  # the worker process: its first trial alone carries worker_setup_s
+                    "seeds_in_trial": len(specs),
+                }
+            )
+            _write_outcome(Path(folder) / str(i), record, files)
+        selection = outcomes[0][1].get("selection", {}) if len(specs) == 1 else {}  # what a search selects on
         tune.report(
-            {"status": record["status"], **selection, "cpu_s": record["cpu_s"]},
+            {"status": outcomes[0][0]["status"], **selection, "cpu_s": cpu_s},
             checkpoint=tune.Checkpoint.from_directory(folder),
         )
+
+
+def _run(specs: list[dict[str, Any]], progress: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(record, files) of each spec.  Every failure becomes a failed record, never a lost grid; a batched
+    run that fails is rerun one seed at a time, so that only the seeds that fail alone are recorded failed."""
+    from ursa_ray.trial import run_trial, run_trials_batched
+
+    if len(specs) > 1:
+        try:
+            return [_succeeded(outcome) for outcome in run_trials_batched(specs)]
+        except Exception:  # noqa: BLE001 - rerun alone below, where each seed's own error is recorded
+            pass
+    results = []
+    for spec in specs:
+        try:
+            results.append(_succeeded(run_trial(spec, progress=progress)))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a failed row, never a lost grid
+            results.append(({"status": "failed", "error": f"{type(exc).__name__}: {exc}"}, {}))
+    return results
+
+
+def _succeeded(outcome: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    files = {
+        "metrics": outcome.metrics,
+        "points": outcome.points,
+        "predictions": outcome.predictions,
+        "transfer": outcome.transfer_examples,
+        "selection": outcome.selection,
+    }
+    return {**outcome.record, "status": "ok", "error": ""}, files
+
+
+def _write_outcome(out: Path, record: dict[str, Any], files: dict[str, Any]) -> None:
+    """One trial's outcome as files in ``out``: record.json, metrics/points Parquet, predictions/, transfer.pt."""
+    import pandas as pd
+
+    out.mkdir(parents=True)
+    (out / "record.json").write_text(json.dumps(record, default=float))
+    for name in ("metrics", "points"):
+        rows = files.get(name)
+        if rows:
+            pd.DataFrame(rows).to_parquet(out / f"{name}.parquet", index=False)
+    if files.get("transfer"):
+        (out / "transfer.pt").write_bytes(files["transfer"])
+    for eval_set, frame in (files.get("predictions") or {}).items():
+        (out / "predictions").mkdir(exist_ok=True)
+        frame.to_parquet(out / "predictions" / f"{eval_set}.parquet", index=False)

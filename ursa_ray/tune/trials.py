@@ -299,97 +299,112 @@ class ResultsCallback(tune.Callback):
             reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
         except Exception:  # noqa: BLE001 - the message is informative only
             pass
-        spec = trial_spec(trial)
         failures = f"{trial.run_metadata.num_failures}/{trial.max_failures}"
-        self.echo(f"retry {failures} {spec['phase']:6s} {_where(spec)}: {reason}")
+        for spec in trial_specs(trial):
+            self.echo(f"retry {failures} {spec['phase']:6s} {_where(spec)}: {reason}")
 
     def _record(self, trial: Any, error: str | None, stopped_at: float | None = None, why: str = "") -> None:
+        """Write the rows of every seed ``trial`` ran (its wall and reserved seconds split evenly over them)."""
         if trial.trial_id in self.recorded:
             return
-        spec = trial_spec(trial)
+        specs = trial_specs(trial)
         finished = stopped_at or time.time()
         started = min(self.started.get(trial.trial_id, finished), finished)
-        wall = finished - started
-        record: dict[str, Any] = {}
-        metrics = points = []
-        predictions: dict[str, pd.DataFrame] = {}
+        wall = (finished - started) / len(specs)
         last = trial.last_result or {}
         checkpoint = trial.checkpoint if error is None else None
         if checkpoint is not None:
             with checkpoint.as_directory() as folder:
-                folder = Path(folder)
-                record = json.loads((folder / "record.json").read_text())
-                metrics = _rows(folder / "metrics.parquet")
-                points = _rows(folder / "points.parquet")
-                if (folder / "predictions").is_dir():
-                    predictions = {p.stem: pd.read_parquet(p) for p in (folder / "predictions").glob("*.parquet")}
-                if (folder / "transfer.pt").exists():  # before the trial's rows: a finished source has its file
-                    self.results.transfer_examples(spec["trial_id"]).write_bytes((folder / "transfer.pt").read_bytes())
-            status = record.get("status", "failed")
-        elif error is not None:
-            status = "failed"
-            record = {"error": error, "cpu_s": last.get("cpu_s", math.nan)}
-        else:  # stopped before its end: by ASHA, or cut short by the search's compute budget (``why``)
-            status = "early_stopped"
-            record = {"cpu_s": last.get("cpu_s", math.nan), "train_s": last.get("train_s", math.nan), "error": why}
-            metrics = [
-                {**_metric_base(spec), "eval_set": "validation", "metric": k[4:], "value": float(v)}
-                for k, v in last.items()
-                if k.startswith("val_") and isinstance(v, (int, float))
-            ]
+                outcomes = [self._read_outcome(Path(folder) / str(i), spec) for i, spec in enumerate(specs)]
+        else:
+            outcomes = [self._unfinished_outcome(spec, error, last, why) for spec in specs]
         selection = {k: float(v) for k, v in last.items() if k.startswith("val_") and isinstance(v, (int, float))}
         n_cpus, n_gpus = self.resources.get("CPU", 0.0), self.resources.get("GPU", 0.0)
-        row = {
-            **record,
-            "trial_id": spec["trial_id"],
-            "phase": spec["phase"],
-            "cell": spec["cell"],
-            "method": spec["label"],
-            "method_name": spec["method"],
-            "model": spec["model"],
-            "dataset": spec["dataset"],
-            "task": spec["task"],
-            "decision_task": spec["decision_task"],
-            "complexity": math.nan if spec["complexity"] is None else float(spec["complexity"]),
-            "seed": spec["seed"],
-            "status": status,
-            "error": record.get("error", "") or "",
-            "config": json.dumps(spec["config"], sort_keys=True),
-            "wall_s": wall,
-            "gpu_s": n_gpus * wall,
-            "reserved_cpu_s": n_cpus * wall,
-            "reserved_gpu_s": n_gpus * wall,
-            "n_cpus": n_cpus,
-            "n_gpus": n_gpus,
-            "node": record.get("node") or (trial.node_ip or ""),
-            "selection": json.dumps(selection, sort_keys=True),
-            "started_at": started,
-            "finished_at": finished,
-        }
+        rows = []
+        for spec, (status, record, metrics, points, predictions) in zip(specs, outcomes, strict=True):
+            row = {
+                **record,
+                "trial_id": spec["trial_id"],
+                "phase": spec["phase"],
+                "cell": spec["cell"],
+                "method": spec["label"],
+                "method_name": spec["method"],
+                "model": spec["model"],
+                "dataset": spec["dataset"],
+                "task": spec["task"],
+                "decision_task": spec["decision_task"],
+                "complexity": math.nan if spec["complexity"] is None else float(spec["complexity"]),
+                "seed": spec["seed"],
+                "status": status,
+                "error": record.get("error", "") or "",
+                "config": json.dumps(spec["config"], sort_keys=True),
+                "wall_s": wall,
+                "gpu_s": n_gpus * wall,
+                "reserved_cpu_s": n_cpus * wall,
+                "reserved_gpu_s": n_gpus * wall,
+                "n_cpus": n_cpus,
+                "n_gpus": n_gpus,
+                "seeds_in_trial": len(specs),
+                "node": record.get("node") or (trial.node_ip or ""),
+                "selection": json.dumps(selection, sort_keys=True),
+                "started_at": started,
+                "finished_at": finished,
+            }
+            rows.append((spec, status, row, metrics, points, predictions))
         interrupt = self.stopper.interrupt if self.stopper is not None else None
         with interrupt.critical() if interrupt is not None else contextlib.nullcontext():
-            self.results.add(row, metrics, points, predictions)
+            for _, _, row, metrics, points, predictions in rows:
+                self.results.add(row, metrics, points, predictions)
             self.recorded.add(trial.trial_id)
-        cpu, gpu = self.reserved_recorded
-        self.reserved_recorded = (cpu + row["reserved_cpu_s"], gpu + row["reserved_gpu_s"])
-        self.done += 1
-        self.summary.recorded[spec["phase"]] = self.summary.recorded.get(spec["phase"], 0) + 1
-        if status == "ok":
-            self.summary.finished.append(spec["trial_id"])
-        elif status == "early_stopped":
-            self.summary.early_stopped.append(spec["trial_id"])
-        else:
-            self.summary.failed.append((spec["trial_id"], row["error"]))
-            if spec["phase"] == "search":
-                self.summary.search_failed.append(spec["trial_id"])
-        self.echo(_progress_line(self.done, self.total, spec, status, row, metrics))
+        for spec, status, row, metrics, _, _ in rows:
+            cpu, gpu = self.reserved_recorded
+            self.reserved_recorded = (cpu + row["reserved_cpu_s"], gpu + row["reserved_gpu_s"])
+            self.done += 1
+            self.summary.recorded[spec["phase"]] = self.summary.recorded.get(spec["phase"], 0) + 1
+            if status == "ok":
+                self.summary.finished.append(spec["trial_id"])
+            elif status == "early_stopped":
+                self.summary.early_stopped.append(spec["trial_id"])
+            else:
+                self.summary.failed.append((spec["trial_id"], row["error"]))
+                if spec["phase"] == "search":
+                    self.summary.search_failed.append(spec["trial_id"])
+            self.echo(_progress_line(self.done, self.total, spec, status, row, metrics))
+
+    def _read_outcome(self, folder: Path, spec: dict[str, Any]) -> tuple:
+        """(status, record, metrics, points, predictions) of one seed from its checkpoint folder; a transfer
+        source's examples are saved before its rows, so a finished source always has its file."""
+        record = json.loads((folder / "record.json").read_text())
+        metrics = _rows(folder / "metrics.parquet")
+        points = _rows(folder / "points.parquet")
+        predictions: dict[str, pd.DataFrame] = {}
+        if (folder / "predictions").is_dir():
+            predictions = {p.stem: pd.read_parquet(p) for p in (folder / "predictions").glob("*.parquet")}
+        if (folder / "transfer.pt").exists():
+            self.results.transfer_examples(spec["trial_id"]).write_bytes((folder / "transfer.pt").read_bytes())
+        return record.get("status", "failed"), record, metrics, points, predictions
+
+    @staticmethod
+    def _unfinished_outcome(spec: dict[str, Any], error: str | None, last: dict[str, Any], why: str) -> tuple:
+        """A trial with no outcome of its own: failed with ``error``, or stopped before its end (by ASHA, or
+        cut short by the search's compute budget: ``why``) with the validation metrics it last reported."""
+        if error is not None:
+            return "failed", {"error": error, "cpu_s": last.get("cpu_s", math.nan)}, [], [], {}
+        record = {"cpu_s": last.get("cpu_s", math.nan), "train_s": last.get("train_s", math.nan), "error": why}
+        metrics = [
+            {**_metric_base(spec), "eval_set": "validation", "metric": k[4:], "value": float(v)}
+            for k, v in last.items()
+            if k.startswith("val_") and isinstance(v, (int, float))
+        ]
+        return "early_stopped", record, metrics, [], {}
 
 
-def trial_spec(trial: Any) -> dict[str, Any]:
-    """The ursa-ray spec of a Tune trial; search trials get their sampled hyperparameters and an id."""
+def trial_specs(trial: Any) -> list[dict[str, Any]]:
+    """The ursa-ray specs a Tune trial runs: a search trial's one (its sampled hyperparameters and an id), or
+    a final trial's seeds."""
     if trial.config.get("hp"):
-        return search_trial_spec(trial.config["spec"], trial.config["hp"], trial.trial_id)
-    return dict(trial.config["spec"])
+        return [search_trial_spec(trial.config["spec"], trial.config["hp"], trial.trial_id)]
+    return [dict(spec) for spec in trial.config["specs"]]
 
 
 def _metric_base(spec: dict[str, Any]) -> dict[str, Any]:
@@ -423,45 +438,71 @@ def _progress_line(done: int, total: int | None, spec: dict[str, Any], status: s
     return f"{count} {status:6s} {spec['phase']:6s} {where}  {shown}  {row['wall_s']:.1f}s{why}"
 
 
+def seed_groups(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The final phase's Tune trials: ``specs`` grouped into runs of up to ``spec["vectorize_seeds"]`` seeds
+    of one cell and configuration (a batched computation, see :func:`ursa_ray.trial.run_trials_batched`),
+    in the order of each group's first seed; a spec with ``vectorize_seeds`` 1 is a trial of its own."""
+    groups: dict[str, list[list[dict[str, Any]]]] = {}
+    order: list[list[dict[str, Any]]] = []
+    for spec in specs:
+        size = int(spec.get("vectorize_seeds", 1))
+        key = json.dumps([spec["cell"], spec["config"], spec.get("transfer_source", False)], sort_keys=True, default=str)
+        open_groups = groups.setdefault(key, [])
+        if size > 1 and open_groups and len(open_groups[-1]) < size:
+            open_groups[-1].append(spec)
+            continue
+        group = [spec]
+        open_groups.append(group)
+        order.append(group)
+    return order
+
+
 class SpecQueue(Searcher):
-    """Hands Tune the grid's trial specs one at a time.
+    """Hands Tune the final phase's trials (groups of specs, :func:`seed_groups`) one at a time.
 
     A ``tune.grid_search`` over the specs would do the same, but Tune deep-copies the whole search space
     for every variant it generates: quadratic in the number of trials (minutes before the first trial of
     a 6,800-trial grid starts).  This is linear.
 
     The transfer attack's order: transfer sources (``transfer_source``) go first, trials that need none
-    next, and a trial scored on a source's examples (``transfer_from``) waits until that source is complete
-    (``suggest`` returns None meanwhile; Tune asks again), then gets ``transfer_examples``, the location of
-    the file its source saved under ``results_uri``, when there is one (a failed source saves none).  Tune
-    calls the searcher's ``on_trial_complete`` before the callbacks' and never suggests in between, so the
-    source's file is written before the waiting trial is handed out.
+    next, and a trial scored on a source's examples (``transfer_from``) waits until its seeds' sources are
+    complete (``suggest`` returns None meanwhile; Tune asks again), then gets ``transfer_examples``, the
+    location of the file its source saved under ``results_uri``, when there is one (a failed source saves
+    none).  Tune calls the searcher's ``on_trial_complete`` before the callbacks' and never suggests in
+    between, so the source's file is written before the waiting trial is handed out.
     """
 
-    def __init__(self, specs: list[dict[str, Any]], results_uri: str):
+    def __init__(self, groups: list[list[dict[str, Any]]], results_uri: str):
         super().__init__()
-        self._specs = sorted(specs, key=lambda s: 0 if s.get("transfer_source") else 2 if "transfer_from" in s else 1)
+
+        def rank(group: list[dict[str, Any]]) -> int:
+            return 0 if group[0].get("transfer_source") else 2 if "transfer_from" in group[0] else 1
+
+        self._groups = sorted(groups, key=rank)
         self._results_uri = results_uri
-        self._unfinished_sources = {s["trial_id"] for s in specs if s.get("transfer_source")}
-        self._running: dict[str, str] = {}  # Tune trial id -> spec trial id
+        self._unfinished_sources = {s["trial_id"] for g in groups for s in g if s.get("transfer_source")}
+        self._running: dict[str, list[str]] = {}  # Tune trial id -> its specs' trial ids
         self._next = 0
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
-        if self._next >= len(self._specs):
+        if self._next >= len(self._groups):
             return Searcher.FINISHED
-        spec = self._specs[self._next]
-        if spec.get("transfer_from") in self._unfinished_sources:
+        group = self._groups[self._next]
+        if any(spec.get("transfer_from") in self._unfinished_sources for spec in group):
             return None
         self._next += 1
-        self._running[trial_id] = spec["trial_id"]
-        if "transfer_from" in spec:
-            saved = transfer_examples_location(self._results_uri, spec["transfer_from"])
-            spec = {**spec, "transfer_examples": saved.uri} if saved.exists() else spec
-        return {"spec": spec}
+        self._running[trial_id] = [spec["trial_id"] for spec in group]
+        return {"specs": [self._with_examples(spec) for spec in group]}
+
+    def _with_examples(self, spec: dict[str, Any]) -> dict[str, Any]:
+        if "transfer_from" not in spec:
+            return spec
+        saved = transfer_examples_location(self._results_uri, spec["transfer_from"])
+        return {**spec, "transfer_examples": saved.uri} if saved.exists() else spec
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         """A finished (or failed) transfer source releases the trials waiting for it."""
-        self._unfinished_sources.discard(self._running.pop(trial_id, ""))
+        self._unfinished_sources.difference_update(self._running.pop(trial_id, []))
 
 
 def run_trials(
@@ -477,7 +518,8 @@ def run_trials(
     budget: Any = None,
     total: int | None = None,
 ) -> RunStopper:
-    """Run trials on Ray Tune: one per spec (handed out by :class:`SpecQueue`) or a search given
+    """Run trials on Ray Tune: the specs, several seeds of a cell per Tune trial where they batch
+    (:func:`seed_groups`, handed out by :class:`SpecQueue`), or a search given
     ``param_space`` (``total`` trials at most, shown in the progress lines; ``budget``, a
     :class:`~ursa_ray.tune.search.ComputeBudget`, ends it early).  Returns the stopper, whose ``reason`` says
     whether Ctrl-C or the budget ended the experiment."""
@@ -488,12 +530,13 @@ def run_trials(
     trainable = tune.with_resources(run_ursa_trial, tune.PlacementGroupFactory([resources]))
     if param_space is None:
         param_space = {}
+        groups = seed_groups(specs)
         tune_config = tune.TuneConfig(
-            search_alg=SpecQueue(specs, results.location.uri),
-            num_samples=len(specs),
+            search_alg=SpecQueue(groups, results.location.uri),
+            num_samples=len(groups),
             reuse_actors=True,
             max_concurrent_trials=grid.max_concurrent_trials,
-            trial_dirname_creator=lambda t: t.config["spec"]["trial_id"][:80],
+            trial_dirname_creator=lambda t: t.config["specs"][0]["trial_id"][:80],
         )
     storage = results.location / "ray"  # checkpoints: a local folder, or the same object store as the results
     tuner = tune.Tuner(
