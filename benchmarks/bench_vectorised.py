@@ -11,12 +11,14 @@ rotated every repeat).  Printed: the ratio of best times and the median of the p
 * A 5-member deep ensemble of the digits MLP 64-200-200-10 (batched members against one member after
   another).  Target ≥ 2.5×.
 * 8 SGLD chains on the digits MLP (``n_chains: 8`` against 8 single chains).  Target ≥ 3×.
-* The regression grid end to end (``--grid``): each method of grids/regression.yaml on E.1 at complexity 2,
-  per-trial CPU seconds alone (``run_trial``) and per seed of a 50-seed batched trial
-  (``run_trials_batched``), each measured at two training lengths and extrapolated linearly to the grid's
-  (fixed cost + cost per epoch or HMC iteration), then the grid's projected CPU-hours before and after.
+* The regression grid end to end (``--grid SLICE_DIR``): the results of one complete slice of
+  grids/regression.yaml (every method, E.1 at complexity 2, 50 repetitions batched, run by ``ursa-ray run``)
+  give each method's batched CPU seconds per seed; the same trials run alone here give the unbatched
+  cost; both projected to the whole grid (see :func:`grid_projection`).
 
-    python benchmarks/bench_vectorised.py [--quick] [--grid]
+    python benchmarks/bench_vectorised.py [--quick]
+    ursa-ray run grids/regression_e1_slice.yaml --out results/e1_slice    # ~40 min on 2 cores
+    python benchmarks/bench_vectorised.py --grid results/e1_slice --skip-ratios
 """
 
 from __future__ import annotations
@@ -145,71 +147,66 @@ def chains_comparison(chains: int, epochs: int, repeats: int) -> None:
     print(f"  alone ÷ the batched run's matmul floor (the most batching could save): {min(times['alone']) / floor:.2f}")
 
 
-def grid_projection(seeds: int) -> None:
-    """Per-trial CPU seconds of every regression method, alone and batched, extrapolated to the grid."""
+def grid_projection(slice_dir: str, alone_seeds: int) -> None:
+    """The regression grid's CPU-hours alone and batched, from measured full-length per-trial costs.
+
+    Batched: the mean ``cpu_s`` per seed of each method in ``slice_dir``, the results of one complete
+    (experiment, complexity) slice of ``grids/regression.yaml`` run by ``ursa-ray run``
+    (``grids/regression_e1_slice.yaml``: E.1 at complexity 2, 50 repetitions, each method's seeds one batched
+    trial).  Alone: ``alone_seeds`` trials of each method at the grid's full settings through ``run_trial``,
+    one after another, here.  A grid trial is projected as its method's cost × its N / 200 (E.2 has
+    N = 200·d), an upper bound: the fixed part of a trial's cost does not grow with N."""
+    import pandas as pd
+
+    from ursa_ray.data.synthetic_regression import default_n_train
     from ursa_ray.grid import load_grid
-    from ursa_ray.trial import run_trial, run_trials_batched
+    from ursa_ray.trial import run_trial
 
+    batched = pd.read_parquet(Path(slice_dir) / "trials.parquet")
+    batched = batched[(batched["dataset"] == "e1") & (batched["status"] == "ok")]
+    complexity = float(batched["complexity"].iloc[0])
+    per_seed = batched.groupby("method")["cpu_s"].mean()
+    shared = batched.groupby("method")["seeds_in_trial"].max()
     grid = load_grid(str(Path(__file__).parent.parent / "grids" / "regression.yaml"))
-    specs = [s for s in grid.trial_specs() if s["dataset"] == "e1" and s["complexity"] == 2]
-    by_label: dict[str, list[dict]] = {}
-    for spec in specs:
-        by_label.setdefault(spec["label"], []).append(spec)
-    print(f"regression grid, E.1 complexity 2: CPU seconds per trial (alone: 2 seeds; batched: {seeds} seeds, per seed)")
-    totals = {"alone": 0.0, "batched": 0.0}
     every = grid.trial_specs()
-    n_trials = len(every)
-    for label, cell in by_label.items():
-        full = _length(cell[0]["config"])
-        costs = {}
-        for name, run, n in (("alone", lambda s: [run_trial(x) for x in s], 2), ("batched", run_trials_batched, seeds)):
-            points = []
-            for short in (full / 100, full / 50):
-                chosen = [_shortened(s, short) for s in cell[:n]]
-                start = time.process_time()
-                run(chosen)
-                points.append((short, (time.process_time() - start) / n))
-            (a, ca), (b, cb) = points
-            slope = (cb - ca) / (b - a)
-            costs[name] = ca + slope * (full - a)
-        label_trials = sum(s["label"] == label for s in every)
-        totals["alone"] += costs["alone"] * label_trials
-        totals["batched"] += costs["batched"] * label_trials
-        print(f"  {label:10s} alone {costs['alone']:8.1f} s   batched {costs['batched']:8.1f} s   ratio {costs['alone'] / costs['batched']:5.2f}")
-    print(f"  projected grid ({n_trials} trials, E.1's per-trial costs for every experiment, E.2 is ~d times longer): "
-          f"{totals['alone'] / 3600:.0f} CPU-hours alone, {totals['batched'] / 3600:.0f} batched")
-
-
-def _length(config: dict) -> float:
-    return float(config.get("epochs") or config["burn_in"] + config["n_samples"])
-
-
-def _shortened(spec: dict, length: float) -> dict:
-    config = dict(spec["config"])
-    scale = length / _length(config)
-    if "epochs" in config:
-        config["epochs"] = max(2, round(config["epochs"] * scale))
-        if "burn_in_epochs" in config:
-            config["burn_in_epochs"] = max(1, round(config["burn_in_epochs"] * scale))
-            config["n_samples"] = min(config["n_samples"], config["epochs"] - config["burn_in_epochs"])
-    else:
-        config["burn_in"] = max(1, round(config["burn_in"] * scale))
-        config["n_samples"] = max(1, round(config["n_samples"] * scale))
-    return {**spec, "config": config}
+    print(f"regression grid: CPU seconds per trial at E.1 complexity {complexity:g} "
+          f"(alone: {alone_seeds} trials here; batched: per seed, from {slice_dir})")
+    totals = {"alone": 0.0, "batched": 0.0}
+    for label in dict.fromkeys(s["label"] for s in every):
+        cell = [s for s in every if s["label"] == label and s["dataset"] == "e1" and s["complexity"] == complexity]
+        start = time.process_time()
+        for spec in cell[:alone_seeds]:
+            run_trial(spec)
+        alone = (time.process_time() - start) / alone_seeds
+        cost = {"alone": alone, "batched": float(per_seed[label])}
+        for spec in every:
+            if spec["label"] == label:
+                scale = default_n_train(spec["dataset"], float(spec["complexity"])) / default_n_train("e1", complexity)
+                for name in totals:
+                    totals[name] += cost[name] * scale
+        print(f"  {label:10s} alone {alone:7.1f} s   batched {cost['batched']:6.2f} s ({int(shared[label])} seeds a trial)"
+              f"   ratio {alone / cost['batched']:5.2f}")
+    print(f"  projected grid ({len(every)} trials): {totals['alone'] / 3600:.0f} CPU-hours alone, "
+          f"{totals['batched'] / 3600:.0f} batched (ratio {totals['alone'] / totals['batched']:.2f})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer repeats")
-    parser.add_argument("--grid", action="store_true", help="also project the regression grid's CPU-hours")
+    parser.add_argument("--grid", metavar="SLICE_DIR", help="also project the regression grid's CPU-hours from "
+                        "the results of a complete E.1 slice (see grid_projection)")
+    parser.add_argument("--skip-ratios", action="store_true", help="only the --grid projection")
+    parser.add_argument("--alone-seeds", type=int, default=2, help="trials per method run alone for --grid")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # as the trials run (ursa_ray/tune/trainable.py)
     repeats = 3 if args.quick else 5
-    e1_comparison(50, 5 if args.quick else 20, repeats)
-    ensemble_comparison(5, 3 if args.quick else 20, repeats)
-    chains_comparison(8, 4 if args.quick else 20, repeats)
+    if not args.skip_ratios:
+        e1_comparison(50, 5 if args.quick else 20, repeats)
+        ensemble_comparison(5, 3 if args.quick else 20, repeats)
+        chains_comparison(8, 4 if args.quick else 20, repeats)
     if args.grid:
-        grid_projection(50)
+        grid_projection(args.grid, args.alone_seeds)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@
    with ``benchmarks/bench_samplers.py``'s functions; HMC gradients/s ÷ plain full-batch fwd+bwd/s, with 21
    and with 201 gradients per run (the second amortises a chain's set-up as a real chain does); corrupting
    10,000 CIFAR-sized images at every corruption type and severity ÷ one ResNet50 evaluation pass over them
-   (``benchmarks/bench_corruptions.py``'s functions).
+   (``benchmarks/bench_corruptions.py``'s functions); batched copies (``benchmarks/bench_vectorised.py``'s
+   three comparisons on the device, and E.1 copies per batched step up to 20,000 with their throughput).
 4. Ray, where it is installed (a GPU machine without the package index may lack it: its wheel is too
    large to carry there): the quickstart grid, every method but seed 0 only (24 trials, 56 s on a 2-core
    CPU), with ``gpu: 0.25`` per trial through ``run_grid`` (what ``ursa-ray run`` calls) on
@@ -59,7 +60,7 @@ from ursa_ray import trial as trial_module  # noqa: E402
 from ursa_ray.grid import load_grid  # noqa: E402
 from ursa_ray.methods import get_method  # noqa: E402
 from ursa_ray.methods._sgmcmc_kernels import GaussianNoise  # noqa: E402
-from ursa_ray.methods.base import Problem, flat_parameters, resolve_config  # noqa: E402
+from ursa_ray.methods.base import Categorical, Gaussian, Problem, flat_parameters, resolve_config  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda", 0) if CUDA else torch.device("cpu")
@@ -348,6 +349,53 @@ def speed_corruptions(n: int) -> None:
          f"ratio {corrupting / evaluating:.3f} (target < 1)")
 
 
+def speed_vectorised(repeats: int = 3) -> None:
+    """Batched copies on the device (``ursa_ray/methods/batched.py``): the three ratios of
+    ``benchmarks/bench_vectorised.py`` (synchronised wall clock), then how many E.1 regression copies
+    one batched SGD step takes at what throughput (copy-steps per second)."""
+    from ursa_ray.methods._training import train_sgd
+    from ursa_ray.methods.batched import CopyData, StackedNetworks, train_sgd_copies
+    from ursa_ray.models.mlp import build_mlp
+
+    gen = torch.Generator().manual_seed(0)
+    x1, y1 = torch.rand(200, 1, generator=gen).to(DEVICE), torch.randn(200, generator=gen).to(DEVICE)
+    xd, yd = torch.randn(1437, 64, generator=gen).to(DEVICE), torch.randint(0, 10, (1437,), generator=gen).to(DEVICE)
+    sgd = {"lr": 1e-4, "momentum": 0.9, "weight_decay": 1e-4, "schedule": "cosine", "batch_size": 32, "epochs": 5}
+
+    def problems(x, y, likelihood, widths, n):
+        return [Problem(x, y, likelihood, lambda: build_mlp(tuple(x.shape[1:]), int(widths[-1]), widths[:-1]).to(DEVICE),
+                        torch.Generator().manual_seed(i), DEVICE) for i in range(n)]
+
+    def alone(ps, config):
+        for p in ps:
+            train_sgd(p.make_model(), p, config, {})
+
+    def batched(ps, config):
+        stacked = StackedNetworks([p.make_model() for p in ps])
+        data = CopyData.from_problems(ps, [p.generator for p in ps], [None] * len(ps))
+        train_sgd_copies(stacked, data, ps[0].likelihood, config)
+
+    cases = (("E.1 MLP, 50 repetitions", x1, y1, Gaussian(0.1), [100, 100, 100, 1], 50, sgd),
+             ("digits-sized MLP, 5 ensemble members", xd, yd, Categorical(), [200, 200, 10], 5, {**sgd, "batch_size": 128}),
+             ("digits-sized MLP, 8 copies (the SGLD chains' shape)", xd, yd, Categorical(), [200, 200, 10], 8, {**sgd, "batch_size": 128}))
+    for label, x, y, likelihood, widths, n, config in cases:
+        ps = problems(x, y, likelihood, widths, n)
+        alone(ps[:1], {**config, "epochs": 1})
+        batched(ps[:2], {**config, "epochs": 1})  # warm-up
+        times = interleaved({"alone": lambda: alone(ps, config), "batched": lambda: batched(ps, config)}, repeats)
+        info(f"vectorised {label}: alone ÷ batched {ratios(times['alone'], times['batched'])}")
+    steps = 5 * 7
+    for n in (50, 200, 1000, 5000, 20000) if CUDA else (50,):
+        try:
+            ps = problems(x1, y1, Gaussian(0.1), [100, 100, 100, 1], n)
+            seconds = timed(lambda: batched(ps, sgd))
+        except torch.OutOfMemoryError:
+            info(f"vectorised E.1: {n} copies do not fit")
+            break
+        info(f"vectorised E.1: {n} copies, {seconds / steps * 1e3:.2f} ms a step, "
+             f"{n * steps / seconds:,.0f} copy-steps/s")
+
+
 def ray_run(timeout: float) -> None:
     import pandas as pd
     import yaml
@@ -439,6 +487,7 @@ def main() -> int:
     for n_leapfrog in (20, 200) if CUDA else (3,):  # the second: setup amortised as over a real chain
         guarded("hmc speed", lambda: speed_hmc(60_000 if CUDA else 6_000, n_leapfrog=n_leapfrog))
     guarded("corruption speed", lambda: speed_corruptions(10_000 if CUDA else 200))
+    guarded("vectorised speed", lambda: speed_vectorised(3 if CUDA else 1))
 
     print("\n== 4. Ray ==")
     if args.quick:

@@ -42,7 +42,7 @@ def test_stacked_concrete_regulariser_is_each_copys_own():
     ).detach()
     regulariser = stacked_concrete_regulariser(models[0], pairs[0], uncovered_parameters(pairs[0], models[0]), 0.7, 50)
     stacked = StackedNetworks(models)
-    got = regulariser(stacked.parameters_of(stacked.theta))
+    got = regulariser(stacked.parameters())
     assert got.shape == (3,)
     torch.testing.assert_close(got.detach(), expected, rtol=1e-6, atol=1e-7)
     # its gradient w.r.t. copy c's row is copy c's own gradient
@@ -60,7 +60,7 @@ def test_stacked_kl_is_each_copys_own():
     expected = torch.stack([sum(layer.kl() for layer in ls) for ls in layers]).detach()
     kl = stacked_kl(models[0])
     stacked = StackedNetworks(models)
-    torch.testing.assert_close(kl(stacked.parameters_of(stacked.theta)).detach(), expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(kl(stacked.parameters()).detach(), expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("module", ["concrete", "variational"])

@@ -494,7 +494,8 @@ def run_trials_batched(specs: list[Mapping[str, Any]], device: torch.device | No
         return [run_trial(spec, device) for spec in specs]
     config = specs[0]["config"]
     copies_per_seed = method.batched_copies(config) if hasattr(method, "batched_copies") else 1
-    fit = max(1, batched.max_copies(probe, config.get("batch_size", 128), math.prod(runs[0].ds.input_shape)) // copies_per_seed)
+    batch = config.get("batch_size", runs[0].problem.n_train)  # full-batch methods (HMC) pass every example
+    fit = max(1, batched.max_copies(probe, batch, math.prod(runs[0].ds.input_shape)) // copies_per_seed)
     outcomes = []
     for start in range(0, len(runs), fit):  # as many seeds at once as fit the memory budget
         chunk = runs[start : start + fit]

@@ -46,12 +46,14 @@ def minimise(
     optimiser: torch.optim.Optimizer,
     epochs: int,
     loss_at: Callable[[Tensor, Tensor, float], Tensor],
+    zero_grad: Callable[[], None] | None = None,
 ) -> tuple[int, Tensor]:
     """``epochs`` epochs of ``optimiser`` steps on ``loss_at(x_batch, y_batch, progress)`` over the mini-batches
     ``minibatches(batch_size)`` of one epoch of ``n_train`` examples, progress ∈ [0, 1) the share of steps
     done.  The cosine schedule anneals lr_t = lr · (1 + cos(π t / T)) / 2 over the T steps of the run.
     Returns (steps taken, the last loss); raises FloatingPointError at the end of an epoch whose last loss
-    is not finite.  The caller puts its network(s) in training mode."""
+    is not finite.  The caller puts its network(s) in training mode.  ``zero_grad`` clears the gradients
+    before each backward pass (default: ``optimiser.zero_grad(set_to_none=True)``)."""
     total = epochs * math.ceil(n_train / config["batch_size"])
     step = 0
     for epoch in range(epochs):
@@ -60,7 +62,10 @@ def minimise(
                 for group in optimiser.param_groups:
                     group["lr"] = config["lr"] * 0.5 * (1 + math.cos(math.pi * step / total))
             loss = loss_at(xb, yb, step / total)
-            optimiser.zero_grad(set_to_none=True)
+            if zero_grad is None:
+                optimiser.zero_grad(set_to_none=True)
+            else:
+                zero_grad()
             loss.backward()
             optimiser.step()
             step += 1

@@ -21,6 +21,7 @@ masks per copy from torch's global generator.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,10 @@ from torch.func import functional_call, vmap
 
 from ursa_ray.methods._training import minimise
 from ursa_ray.methods.base import Likelihood, Problem, flat_parameters, view_as_parameter
+
+warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
+# (the gradient views of StackedNetworks are strided like their parameters' rows; accumulating into them is
+# intended and correct, torch warns because it would have chosen another layout for a fresh gradient)
 
 MAX_BATCHED_PARAMETERS = 5_000_000
 """Networks with more parameters than this run one copy at a time (a ResNet50 has 23.5 million): batching
@@ -64,12 +69,13 @@ def max_copies(model: nn.Module, batch_size: int, input_numel: int) -> int:
 
 class StackedNetworks:
     """C copies of one architecture (the ``models``, each freshly initialised) with their parameters in the
-    rows of one leaf tensor ``theta`` of shape (C, P) (``requires_grad``), each model's parameters views of
-    its row.
+    rows of one tensor ``theta`` of shape (C, P), and each model's parameters views of its row.
 
-    The batched forward splits ``theta`` along P into the named (C, *shape) parameters
-    (``torch.split``: its backward is one concatenation, so ``theta.grad`` arrives as one (C, P) tensor),
-    and an optimiser over ``[theta]`` updates every copy's own model in place."""
+    ``theta.grad`` is a (C, P) buffer; :meth:`parameters` are the named parameters of all copies as
+    (C, *shape) leaf tensors that are views of ``theta``, each with ``.grad`` the matching view of
+    ``theta.grad``, so a backward pass accumulates every copy's gradient in place into ``theta.grad``
+    (no concatenation of the per-layer gradients) and an optimiser over ``[theta]`` updates every copy's
+    own model.  Zero it with :meth:`zero_grad`, never ``zero_grad(set_to_none=True)``."""
 
     def __init__(self, models: Sequence[nn.Module]):
         if not models:
@@ -82,11 +88,20 @@ class StackedNetworks:
             raise ValueError("the copies of a StackedNetworks must share one architecture")
         self.sizes = [math.prod(s) for s in self.shapes]
         with torch.no_grad():
-            self.theta = torch.stack([flat_parameters(m) for m in self.models]).requires_grad_(True)
+            self.theta = torch.stack([flat_parameters(m) for m in self.models])
+        self.theta.grad = torch.zeros_like(self.theta)
+        n_copies = self.theta.shape[0]
+        self._leaves: dict[str, Tensor] = {}
+        offset = 0
+        for name, shape, n in zip(self.names, self.shapes, self.sizes, strict=True):
+            leaf = self.theta[:, offset : offset + n].view(n_copies, *shape).requires_grad_(True)
+            leaf.grad = self.theta.grad[:, offset : offset + n].view(n_copies, *shape)
+            self._leaves[name] = leaf
+            offset += n
         for c, model in enumerate(self.models):
             offset = 0
             for p, n in zip(model.parameters(), self.sizes, strict=True):
-                p.data = view_as_parameter(self.theta.data[c, offset : offset + n], p)
+                p.data = view_as_parameter(self.theta[c, offset : offset + n], p)
                 offset += n
         self._forward = vmap(self._one, randomness="different")
         self._layers = _plain_layers(self.template)
@@ -95,8 +110,16 @@ class StackedNetworks:
     def n_copies(self) -> int:
         return self.theta.shape[0]
 
+    def parameters(self) -> dict[str, Tensor]:
+        """The named parameters of every copy: (C, *shape) leaves whose gradients land in ``theta.grad``."""
+        return self._leaves
+
+    def zero_grad(self) -> None:
+        self.theta.grad.zero_()
+
     def parameters_of(self, theta: Tensor) -> dict[str, Tensor]:
-        """The named parameters of every copy as (C, *shape) views of ``theta`` (C, P)."""
+        """The named parameters of every copy as (C, *shape) views of another (C, P) tensor ``theta`` (HMC's
+        positions; gradients through them reach ``theta`` by autograd)."""
         chunks = torch.split(theta, self.sizes, dim=1)
         return {
             name: chunk.view(theta.shape[0], *shape)
@@ -113,7 +136,7 @@ class StackedNetworks:
         products, ``baddbmm`` per linear layer; any other network through ``vmap(functional_call)``.
         Both compute the same function; the first has less per-operation overhead (measured in
         ``benchmarks/bench_vectorised.py``)."""
-        params = self.parameters_of(self.theta)
+        params = self._leaves
         if self._layers is None:
             return self._forward(params, x)
         h = x
@@ -219,8 +242,15 @@ def _same(a: Tensor, b: Tensor) -> bool:
 
 
 def batched_nll(likelihood: Likelihood) -> Callable[[Tensor, Tensor], Tensor]:
-    """The per-copy mean negative log-likelihood of (C, B, out) outputs against (C, B) targets, shape (C,)."""
-    return vmap(lambda out, y: likelihood.nll(out, y))
+    """The per-copy mean negative log-likelihood of (C, B, out) outputs against (C, B) targets, shape (C,):
+    ``likelihood.log_prob`` of all C·B examples at once, averaged per copy (no ``vmap``: one call)."""
+
+    def nll(outputs: Tensor, targets: Tensor) -> Tensor:
+        copies, batch = targets.shape[:2]
+        log_prob = likelihood.log_prob(outputs.flatten(0, 1), targets.flatten(0, 1))
+        return -log_prob.view(copies, batch).mean(1)
+
+    return nll
 
 
 def copy_generators(problem: Problem, n_copies: int) -> list[torch.Generator]:
@@ -252,7 +282,7 @@ def train_sgd_copies(
         return losses.sum()
 
     stacked.train()
-    steps, _ = minimise(data.minibatches, data.n_train, config, optimiser, config["epochs"], loss_at)
+    steps, _ = minimise(data.minibatches, data.n_train, config, optimiser, config["epochs"], loss_at, stacked.zero_grad)
     return steps
 
 
@@ -273,5 +303,5 @@ def train_adam_copies(
         return losses.sum()
 
     stacked.train()
-    steps, _ = minimise(data.minibatches, data.n_train, config, optimiser, config["epochs"], loss_at)
+    steps, _ = minimise(data.minibatches, data.n_train, config, optimiser, config["epochs"], loss_at, stacked.zero_grad)
     return steps, last[0]

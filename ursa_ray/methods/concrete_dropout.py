@@ -232,7 +232,7 @@ class ConcreteDropoutMethod:
         nll = batched_nll(problems[0].likelihood)
 
         def loss(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
-            return nll(stacked(xb), yb) + regulariser(stacked.parameters_of(stacked.theta))
+            return nll(stacked(xb), yb) + regulariser(stacked.parameters())
 
         steps, last = train_adam_copies(stacked, data, loss, config)
         stacked.train(False)  # Bernoulli masks at the learned rates

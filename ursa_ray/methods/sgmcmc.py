@@ -450,7 +450,7 @@ class LangevinCopies:
         momentum: bool,
     ):
         self.stacked = StackedNetworks(models)
-        theta = self.stacked.theta.data
+        theta = self.stacked.theta
         self.noise = [GaussianNoise(theta[c], g) for c, g in enumerate(generators)]
         self.velocity = torch.zeros_like(theta) if momentum else None
         self.alpha = config["alpha"] if momentum else 1.0
@@ -464,11 +464,11 @@ class LangevinCopies:
         copies' mean losses (C,), detached."""
         stacked = self.stacked
         sigma = langevin_noise_std(lr / self.n_train, self.temperature, self.alpha) if noisy else 0.0
-        stacked.theta.grad = None
+        stacked.zero_grad()
         with torch.enable_grad():
             losses = self.nll(stacked(xb), yb)
             losses.sum().backward()
-        theta, grad, velocity = stacked.theta.data, stacked.theta.grad, self.velocity
+        theta, grad, velocity = stacked.theta, stacked.theta.grad, self.velocity
         with torch.no_grad():
             if velocity is None:
                 if sigma > 0.0:
@@ -489,7 +489,7 @@ class LangevinCopies:
         """Raise FloatingPointError when a copy's loss or any parameter is NaN or infinite."""
         if not bool(torch.isfinite(losses).all()):
             raise FloatingPointError(f"loss became {losses.tolist()} {where}")
-        if not bool(torch.isfinite(self.stacked.theta.data).all()):
+        if not bool(torch.isfinite(self.stacked.theta).all()):
             raise FloatingPointError(f"parameters became non-finite {where}")
 
 

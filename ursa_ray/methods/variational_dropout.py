@@ -147,7 +147,7 @@ class VariationalDropoutMethod:
 
         def loss(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
             ramp = 1.0 if warmup == 0 else min(1.0, progress / warmup)
-            return nll(stacked(xb), yb) + beta * ramp * kl(stacked.parameters_of(stacked.theta)) / n_train
+            return nll(stacked(xb), yb) + beta * ramp * kl(stacked.parameters()) / n_train
 
         steps, last = train_adam_copies(stacked, data, loss, config)
         stacked.train(False)

@@ -55,6 +55,10 @@ def run_ursa_trial(param: dict[str, Any]) -> None:
     else:
         specs = param["specs"]
     torch.set_num_threads(max(1, int(specs[0]["resources"]["cpu"])))
+    # subnormal floats (Adam's second moments of weights whose gradients vanish, for one) are up to 100×
+    # slower on x86 CPUs: flushing them to zero made variational dropout's 1,000-epoch regression trials
+    # ~1.5× faster and changes no metric beyond float noise (docs/performance.md)
+    torch.set_flush_denormal(True)
     worker_setup_s = 0.0
     if not _worker_warm:  # the first trial in this process: warm up before anything is timed
         worker_setup_s = warm_up_worker(pick_device(specs[0]["resources"]["gpu"]))
