@@ -238,7 +238,7 @@ def _trials(out: Path) -> pd.DataFrame:
 
 
 def test_grid_runs_across_both_nodes(cluster, tmp_path):
-    grid = _write_grid(tmp_path, "both")
+    grid = _write_grid(tmp_path, "both", vectorize_seeds=1)  # 8 one-seed trials, for both nodes to share
     out = tmp_path / "results"
     run = _run(cluster, _ursa("run", str(grid), "--out", str(out), "--address", cluster.address))
     assert run.returncode == 0, run.stdout + run.stderr

@@ -300,8 +300,11 @@ class ResultsCallback(tune.Callback):
         except Exception:  # noqa: BLE001 - the message is informative only
             pass
         failures = f"{trial.run_metadata.num_failures}/{trial.max_failures}"
-        for spec in trial_specs(trial):
-            self.echo(f"retry {failures} {spec['phase']:6s} {_where(spec)}: {reason}")
+        specs = trial_specs(trial)
+        where = _where(specs[0])
+        if len(specs) > 1:  # a batched trial: its seeds
+            where = where.rpartition(" seed=")[0] + " seeds=" + ",".join(str(s["seed"]) for s in specs)
+        self.echo(f"retry {failures} {specs[0]['phase']:6s} {where}: {reason}")
 
     def _record(self, trial: Any, error: str | None, stopped_at: float | None = None, why: str = "") -> None:
         """Write the rows of every seed ``trial`` ran (its wall and reserved seconds split evenly over them)."""
