@@ -44,17 +44,50 @@ def alone(problem, cfg):
     return torch.stack(rows), stats
 
 
-def test_each_chain_of_a_batched_run_matches_its_exact_posterior():
+def count_search_steps(monkeypatch, n_chains: int) -> list[int]:
+    """Each chain's one-leapfrog-step proposals in the step-size search, counted as the search makes them."""
+    search_steps = [0] * n_chains
+    real_search = hmc.initial_step_sizes
+
+    def counted_search(eps, transition):
+        def counting(eps, steps, active):
+            for c, on in enumerate(active):
+                search_steps[c] += steps if on else 0
+            return transition(eps, steps, active)
+
+        return real_search(eps, counting)
+
+    monkeypatch.setattr(hmc, "initial_step_sizes", counted_search)
+    return search_steps
+
+
+def test_each_chain_of_a_batched_run_matches_its_exact_posterior(monkeypatch):
     fixtures = [make_blr_problem(n=256, prior_std=PRIOR_STD, seed=s) for s in range(4)]
+    search_steps = count_search_steps(monkeypatch, 4)
     samples, stats = batched_draws([f[0] for f in fixtures], config(**ADAPTIVE))
     assert samples.shape == (1000, 4, 5)
     for k, (_, mean, cov) in enumerate(fixtures):
         check_exact_posterior(samples[:, k], mean, cov)
         assert stats[k]["n_samples"] == 1000 and stats[k]["divergences"] == 0
         assert 0.7 < stats[k]["accept_rate"] < 0.97
-        assert 1 + 2 * 1200 <= stats[k]["grad_evals"] < 1 + 2 * 1200 + 100
+        # the initial gradient, each chain's own search steps (none counted for a chain whose search ended),
+        # then 2 leapfrog steps in each of 200 + 1000 iterations
+        assert search_steps[k] >= 2
+        assert stats[k]["grad_evals"] == 1 + search_steps[k] + 2 * 1200
     # each chain its own adapted step size
     assert len({stats[k]["step_size"] for k in range(4)}) == 4
+
+
+def test_a_chain_whose_search_ended_counts_no_more_gradients(monkeypatch):
+    """Posteriors 25× apart in width (noise std 0.5 and 0.02: different likelihoods, so each chain keeps its
+    own potential): the wide one's step-size search runs longer, and each chain's gradient count is its own
+    (a chain idle in the other's search steps is not charged for them)."""
+    search_steps = count_search_steps(monkeypatch, 2)
+    problems = [make_blr_problem(n=128, noise_std=s, seed=0)[0] for s in (0.5, 0.02)]
+    _, stats = batched_draws(problems, config(step_size=1e-3, n_leapfrog=2, burn_in=5, n_samples=3))
+    assert search_steps[0] != search_steps[1]
+    for k in range(2):
+        assert stats[k]["grad_evals"] == 1 + search_steps[k] + 2 * 8
 
 
 def test_batched_kernel_is_bitwise_the_lone_chain(monkeypatch):

@@ -217,14 +217,14 @@ def stackable(models: Sequence[nn.Module], problems: Sequence[Problem]) -> bool:
     """Whether chains of ``models`` can share one batched potential (:func:`stacked_potential`): more than
     one chain, no buffers, no channels-last parameters (a stacked row is split in logical order), at most
     :data:`~ursa_ray.methods.batched.MAX_BATCHED_PARAMETERS` parameters, every problem with the same
-    number of training examples on one device."""
+    number of training examples on one device and the same likelihood (the stacked potential uses one)."""
     params = list(models[0].parameters())
     return (
         len(models) > 1
         and not list(models[0].buffers())
         and all(p.is_contiguous() for p in params)
         and sum(p.numel() for p in params) <= MAX_BATCHED_PARAMETERS
-        and len({(p.n_train, p.x.device) for p in problems}) == 1
+        and len({(p.n_train, p.x.device, p.likelihood) for p in problems}) == 1
     )
 
 
