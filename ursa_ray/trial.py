@@ -486,12 +486,13 @@ def run_trials_batched(specs: list[Mapping[str, Any]], device: torch.device | No
     copies (seeds × the method's ``batched_copies(config)``: ensemble members, chains) fit
     :data:`~ursa_ray.methods.batched.COPY_MEMORY_BUDGET` (:func:`~ursa_ray.methods.batched.max_copies`).
     A method without a batched stream, or a network too large to batch, runs the trials one after another."""
-    runs = [TrialRun(spec, device, own_init_stream=True) for spec in specs]
-    method = runs[0].method
+    first = TrialRun(specs[0], device, own_init_stream=True)
+    method = first.method
     with torch.random.fork_rng(devices=[]):
-        probe = runs[0].build_model()
-    if not hasattr(method, "sample_posterior_batched") or not batched.can_batch(probe, runs[0].problem):
+        probe = first.build_model()
+    if not hasattr(method, "sample_posterior_batched") or not batched.can_batch(probe, first.problem):
         return [run_trial(spec, device) for spec in specs]
+    runs = [first] + [TrialRun(spec, device, own_init_stream=True) for spec in specs[1:]]
     config = specs[0]["config"]
     copies_per_seed = method.batched_copies(config) if hasattr(method, "batched_copies") else 1
     batch = config.get("batch_size", runs[0].problem.n_train)  # full-batch methods (HMC) pass every example

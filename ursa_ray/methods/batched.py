@@ -106,10 +106,6 @@ class StackedNetworks:
         self._forward = vmap(self._one, randomness="different")
         self._layers = _plain_layers(self.template)
 
-    @property
-    def n_copies(self) -> int:
-        return self.theta.shape[0]
-
     def parameters(self) -> dict[str, Tensor]:
         """The named parameters of every copy: (C, *shape) leaves whose gradients land in ``theta.grad``."""
         return self._leaves
@@ -189,10 +185,6 @@ class CopyData:
     y: Tensor
     """(C, N) targets, already permuted by ``rows``."""
     generators: list[torch.Generator]
-
-    @property
-    def n_copies(self) -> int:
-        return self.rows.shape[0]
 
     @property
     def n_train(self) -> int:
