@@ -279,6 +279,7 @@ def test_grid_no_node_can_place_fails_at_once(cluster, tmp_path):
 def test_killed_trial_worker_is_retried_and_results_are_complete(cluster, tmp_path):
     grid = _write_grid(tmp_path, "retry", methods=["sgd"], seeds=3, max_failures=2,
                        budget={"epochs": 30, "n_samples": 2, "batch_size": 64})  # fmt: skip
+    # one seed a trial: four trials, so the second node gets one (a single batched trial may land on the head)
     out = tmp_path / "results"
     process = subprocess.Popen(
         _ursa("run", str(grid), "--out", str(out), "--address", cluster.address),
@@ -357,8 +358,9 @@ def test_ray_job_submit_runs_a_grid(cluster, tmp_path):
 
 def test_lost_node_loses_no_finished_result(cluster, tmp_path):
     """Last in the module: it ends the second node. Its trials are retried on the head; nothing is lost."""
-    grid = _write_grid(tmp_path, "lost", methods=["sgd"], seeds=4, max_failures=1,
+    grid = _write_grid(tmp_path, "lost", methods=["sgd"], seeds=4, max_failures=1, vectorize_seeds=1,
                        budget={"epochs": 30, "n_samples": 2, "batch_size": 64})  # fmt: skip
+    # one seed a trial: four trials, so the second node gets one (a single batched trial may land on the head)
     out = tmp_path / "results"
     raylets = _marked_pids(cluster.marker, contains=b"raylet_socket_name=" + cluster.node_tmp.encode())
     assert len(raylets) == 1
