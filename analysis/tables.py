@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ursa_ray.results import Location, NotAResultsDirectory, is_uri
+from ursa_ray.results import Location, NotAResultsDirectory, ResultsDirectory, is_uri
 
 
 @dataclass
@@ -25,11 +25,8 @@ def load_results(path: str | Path | Location) -> Results:
     if not (where / "trials.parquet").exists():
         raise NotAResultsDirectory(f"{path}: no trials.parquet; is this an ursa-ray results directory?")
 
-    def read(name: str) -> pd.DataFrame:
-        file = where / f"{name}.parquet"
-        return file.read_parquet() if file.exists() else pd.DataFrame()
-
-    return Results(read("trials"), read("metrics"), read("points"))
+    tables = ResultsDirectory(where)
+    return Results(tables.read("trials"), tables.read("metrics"), tables.read("points"))
 
 
 def format_number(value: object, digits: int = 3) -> str:

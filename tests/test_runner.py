@@ -105,4 +105,4 @@ def test_points_are_written_per_trial_and_read_back_as_one_table(tmp_path):
     points = load_results(tmp_path).points
     assert sorted(points.groupby("trial_id").size().items()) == [("a", 3), ("b", 3), ("blr-e1-c1-s0", 3)]
     assert sorted(points.loc[points["trial_id"] == "a", "mean"]) == [10.0, 11.0, 12.0]  # replaced, not duplicated
-    assert list(load_results(tmp_path).trials["trial_id"]) == ["b", "a"]
+    assert sorted(load_results(tmp_path).trials["trial_id"]) == ["a", "b"]

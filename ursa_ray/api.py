@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from ursa_ray.grid import Grid, GridError, check_data, load_grid, parse_grid
-from ursa_ray.results import Location
+from ursa_ray.results import Location, ResultsDirectory
 
 
 def as_grid(grid: str | Path | Mapping[str, Any] | Grid) -> Grid:
@@ -76,7 +76,33 @@ def run(
         check_grid(where, grid, allow_grid_change)  # again, now that no other run can change it
         from ursa_ray.tune.runner import run_grid  # imports Ray: only when something runs
 
-        return run_grid(grid, where, address=address, echo=echo, keep_grid=lambda at: record_grid(at, grid, fingerprint))
+        summary = run_grid(grid, where, address=address, echo=echo, keep_grid=lambda at: record_grid(at, grid, fingerprint))
+        _compact(where, echo)
+        return summary
+
+
+def compact(out: str | Path | Location, echo: Callable[[str], None] = print) -> dict[str, tuple[int, int]]:
+    """Merge the part files of the results directory ``out`` into a few large ones
+    (:meth:`~ursa_ray.results.ResultsDirectory.compact`), holding its lock; every reader sees the same tables
+    before and after.  :class:`~ursa_ray.results.NotAResultsDirectory` when ``out`` has no results."""
+    from ursa_ray.guard import results_lock
+    from ursa_ray.results import NotAResultsDirectory
+
+    where = Location.parse(out)
+    if not (where / "trials.parquet").exists():
+        raise NotAResultsDirectory(f"{out}: no trials.parquet; is this an ursa-ray results directory?")
+    with results_lock(where, echo):
+        return _compact(where, echo)
+
+
+def _compact(where: Location, echo: Callable[[str], None]) -> dict[str, tuple[int, int]]:
+    report = ResultsDirectory(where).compact()
+    merged = {name: parts for name, parts in report.items() if parts[0] != parts[1]}
+    if merged:
+        echo(f"compacted {where}: " + ", ".join(f"{name} {a} -> {b} part files" for name, (a, b) in merged.items()))
+    elif not where.is_local:
+        echo(f"{where}: object-store results are not compacted (no atomic rename there); readers see every part file")
+    return report
 
 
 @dataclass(frozen=True)

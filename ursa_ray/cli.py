@@ -135,6 +135,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compact(args: argparse.Namespace) -> int:
+    from ursa_ray.api import compact
+    from ursa_ray.results import NotAResultsDirectory
+
+    try:
+        compact(args.results)
+    except NotAResultsDirectory as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _listing(catalogue: Catalogue, describe: Callable[[str, Any], list[str]]) -> int:
     """Print every entry of ``catalogue``: ``describe(name, item)`` (a first line, then indented lines) with
     the entry's origin as the first indented line, or ``NAME: BROKEN (origin): why`` for a broken plug-in."""
@@ -209,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("results", help="results directory or object-store URI (as given to run --out)")
     report.add_argument("--cost", action="store_true", help="print the search + inference cost report too")
     report.set_defaults(func=_cmd_report)
+    compact = sub.add_parser(
+        "compact", help="merge a results directory's part files into a few large ones (readers see the same tables)"
+    )
+    compact.add_argument("results", help="results directory (as given to run --out)")
+    compact.set_defaults(func=_cmd_compact)
     for name, func, text in (
         ("methods", _cmd_methods, "list inference methods and their hyperparameters"),
         ("models", _cmd_models, "list models and their options"),

@@ -1,13 +1,13 @@
 """The results directory: Parquet tables written atomically, keyed by trial_id so nothing is duplicated.
 
-Layout (a contract for users and for the ``analysis`` package):
+Layout (a contract for users and for the ``analysis`` package).  Each table is a Parquet dataset folder that
+pandas (``pd.read_parquet(DIR / "trials.parquet")``), pyarrow (``pyarrow.dataset.dataset``), DuckDB
+(``read_parquet('DIR/trials.parquet/*.parquet')``) and polars (``pl.read_parquet("DIR/trials.parquet")``)
+read as one table:
 
-- ``trials.parquet``: one row per trial (both phases), see :data:`TRIAL_COLUMNS`;
-- ``metrics.parquet``: long format, one row per (trial, evaluation set, metric);
-- ``points.parquet``: regression trials only, one row per (trial, test point), the anchor as method "blr";
-  a Parquet dataset folder with one part file per trial id (``points.parquet/<trial_id>.parquet``), so a
-  finished trial writes only its own rows however large the table grows; ``pandas.read_parquet`` reads the
-  folder as one table;
+- ``trials.parquet/``: one row per trial (both phases), see :data:`TRIAL_SCHEMA`;
+- ``metrics.parquet/``: long format, one row per (trial, evaluation set, metric);
+- ``points.parquet/``: regression trials only, one row per (trial, test point), the anchor as method "blr";
 - ``predictions/<trial_id>__<eval_set>.parquet``: posterior-predictive probabilities when the grid sets
   ``save_predictions: true``;
 - ``transfer/<trial_id>.pt``: the adversarial examples a transfer source (the SGD trial of a model, dataset
@@ -15,6 +15,12 @@ Layout (a contract for users and for the ``analysis`` package):
 - ``grid.yaml``: the grid that produced the results (``grid.json``: its fingerprint, ``grid-versions/``: every
   version run in this directory, see :mod:`ursa_ray.guard`); ``ray/``: Ray Tune's own experiment folders;
   ``.lock``: held by the run in progress.
+
+A finished trial adds one part per table, ``<table>.parquet/<trial_id>.parquet`` (append-only: the cost of
+adding a trial does not grow with the table); ``compact`` (:meth:`ResultsDirectory.compact`, run at the end of
+``ursa-ray run`` and by ``ursa-ray compact DIR``) merges them into ``compacted-NNNNN.parquet`` parts.  Every
+part of a table has the table's schema (:data:`SCHEMAS`).  On a local disk each ``<table>.parquet`` is a
+symbolic link to ``.tables/<table>.<version>/``, which ``compact`` swaps atomically.
 
 Where the directory lives (:class:`Location`): a local path, or any URI that
 ``pyarrow.fs.FileSystem.from_uri`` accepts, such as ``s3://bucket/prefix`` (a custom endpoint and other
@@ -37,6 +43,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -44,32 +51,52 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.dataset as pads
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
-TRIAL_COLUMNS = [
-    "trial_id", "phase", "cell", "method", "method_name", "model", "dataset", "task", "decision_task",
-    "complexity", "seed", "status", "error", "config", "wall_s", "cpu_s", "gpu_s", "reserved_cpu_s", "reserved_gpu_s",
-    "n_cpus", "n_gpus", "node", "node_id", "worker_pid", "device", "n_samples", "worker_setup_s", "setup_s", "train_s",
-    "eval_s", "bit_depth_eval_s", "n_params", "grad_evals", "accept_rate", "method_stats", "selection",
-    "transfer_from", "started_at", "finished_at",
-]
-METRIC_COLUMNS = ["trial_id", "method", "model", "dataset", "seed", "phase", "eval_set", "metric", "value"]
-POINT_COLUMNS = [
-    "trial_id", "method", "model", "experiment", "complexity", "repetition", "point_id", "x", "in_distribution",
-    "truth", "mean", "std",
-]
-TABLES = {"trials": TRIAL_COLUMNS, "metrics": METRIC_COLUMNS, "points": POINT_COLUMNS}
-REWRITTEN = ("trials", "metrics")  # rewritten whole per trial; points are written per trial
+TRIAL_SCHEMA = pa.schema([
+    ("trial_id", pa.string()), ("phase", pa.string()), ("cell", pa.string()), ("method", pa.string()),
+    ("method_name", pa.string()), ("model", pa.string()), ("dataset", pa.string()), ("task", pa.string()),
+    ("decision_task", pa.bool_()), ("complexity", pa.float64()), ("seed", pa.int64()), ("status", pa.string()),
+    ("error", pa.string()), ("config", pa.string()), ("wall_s", pa.float64()), ("cpu_s", pa.float64()),
+    ("gpu_s", pa.float64()), ("reserved_cpu_s", pa.float64()), ("reserved_gpu_s", pa.float64()),
+    ("n_cpus", pa.float64()), ("n_gpus", pa.float64()), ("node", pa.string()), ("node_id", pa.string()),
+    ("worker_pid", pa.int64()), ("device", pa.string()), ("gpu_ids", pa.string()), ("n_samples", pa.int64()), ("worker_setup_s", pa.float64()),
+    ("setup_s", pa.float64()), ("train_s", pa.float64()), ("eval_s", pa.float64()), ("bit_depth_eval_s", pa.float64()),
+    ("attack_s", pa.float64()), ("n_params", pa.int64()), ("grad_evals", pa.float64()), ("accept_rate", pa.float64()),
+    ("method_stats", pa.string()), ("selection", pa.string()), ("transfer_from", pa.string()),
+    ("seeds_in_trial", pa.int64()), ("started_at", pa.float64()), ("finished_at", pa.float64()),
+])  # fmt: skip
+METRIC_SCHEMA = pa.schema([
+    ("trial_id", pa.string()), ("method", pa.string()), ("model", pa.string()), ("dataset", pa.string()),
+    ("seed", pa.int64()), ("phase", pa.string()), ("eval_set", pa.string()), ("metric", pa.string()),
+    ("value", pa.float64()),
+])  # fmt: skip
+POINT_SCHEMA = pa.schema([
+    ("trial_id", pa.string()), ("method", pa.string()), ("model", pa.string()), ("experiment", pa.string()),
+    ("complexity", pa.float64()), ("repetition", pa.int64()), ("point_id", pa.int64()), ("x", pa.list_(pa.float64())),
+    ("in_distribution", pa.bool_()), ("truth", pa.float64()), ("mean", pa.float64()), ("std", pa.float64()),
+])  # fmt: skip
+SCHEMAS = {"trials": TRIAL_SCHEMA, "metrics": METRIC_SCHEMA, "points": POINT_SCHEMA}
+TRIAL_COLUMNS, METRIC_COLUMNS, POINT_COLUMNS = (schema.names for schema in SCHEMAS.values())
+FINISHED = ("ok", "early_stopped")  # a resumed run does not rerun these; a failed trial is rerun
+COMPACTED = "compacted-"  # the name of every part `compact` writes starts with this
+ROWS_PER_COMPACTED_PART = 1_000_000
+VERSIONS = ".tables"  # local directories: the table folders the `<table>.parquet` links point at
 
 
 class NotAResultsDirectory(FileNotFoundError):
     """A folder (or URI) without ``trials.parquet``: not the results of an ``ursa-ray run``."""
 
 
-def write_atomic(path: Path, write: Any) -> None:
-    """Call ``write(tmp_path)`` then rename the temporary file onto ``path``."""
+def write_atomic(path: Path, write: Any, staging: Path | None = None) -> None:
+    """Call ``write(tmp_path)`` then rename the temporary file onto ``path``.  The temporary file is made in
+    ``staging`` (a folder on the same filesystem), else beside ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=staging or path.parent)
     os.close(fd)
     try:
         write(tmp)
@@ -170,13 +197,23 @@ class Location:
         else:
             self.write_bytes(text.encode())
 
-    def write_parquet(self, frame: pd.DataFrame) -> None:
+    def write_parquet(self, frame: pd.DataFrame | pa.Table, staging: Path | None = None) -> None:
+        """Atomically for readers; a local file's temporary copy is made in ``staging`` if given (a folder
+        on the same filesystem: a dataset folder holds nothing but its parts, which some readers insist on)."""
+        table = frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(frame, preserve_index=False)
         if self.is_local:
-            write_atomic(self.local_path, lambda tmp: frame.to_parquet(tmp, index=False))
+            write_atomic(self.local_path, lambda tmp: pq.write_table(table, tmp), staging)
             return
         buffer = io.BytesIO()  # serialised in full before the upload starts: a failure uploads nothing
-        frame.to_parquet(buffer, index=False)
+        pq.write_table(table, buffer)
         self.write_bytes(buffer.getvalue())
+
+    def delete(self) -> None:
+        """Remove the file, if there is one."""
+        if self.is_local:
+            self.local_path.unlink(missing_ok=True)
+        elif self.exists():
+            self.fs.delete_file(self.path)
 
 
 def transfer_examples_location(results_uri: str, trial_id: str) -> Location:
@@ -185,25 +222,64 @@ def transfer_examples_location(results_uri: str, trial_id: str) -> Location:
     return Location.parse(results_uri) / "transfer" / f"{trial_id}.pt"
 
 
+def rows_table(name: str, rows: list[dict[str, Any]]) -> pa.Table:
+    """``rows`` as an Arrow table with the ``name`` table's schema (:data:`SCHEMAS`; a missing column is null),
+    so that every part of a table has the same schema.  ValueError for a column the schema lacks."""
+    schema = SCHEMAS[name]
+    unknown = sorted({key for row in rows for key in row} - set(schema.names))
+    if unknown:
+        raise ValueError(f"{name} rows have columns outside the {name} table's schema: {', '.join(unknown)}")
+    columns = [pa.array([row.get(f.name) for row in rows], type=f.type, from_pandas=True) for f in schema]  # NaN: null
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
 class ResultsDirectory:
-    """Reads and extends one results directory: a local path or an object-store URI (see :class:`Location`)."""
+    """Reads and extends one results directory: a local path or an object-store URI (see :class:`Location`).
+
+    Each table is a Parquet dataset folder, ``<table>.parquet/``.  :meth:`add` writes one trial's rows as parts
+    of their own, ``<table>.parquet/<trial_id>.parquet``, each written atomically; a rerun of the trial
+    replaces its parts whole, so readers never see two versions of a trial, and adding a trial costs the same
+    however large the tables have grown.  :meth:`compact` merges the parts into a few large ones.
+
+    On a local disk ``<table>.parquet`` is a symbolic link to the table's current folder,
+    ``.tables/<table>.<version>``: :meth:`compact` builds the merged folder beside it and swaps the link in one
+    atomic rename, so readers see the old folder or the new one and an interrupted compact changes nothing.
+    """
 
     def __init__(self, path: str | Path | Location):
         self.location = Location.parse(path)
-        self.tables = {name: self._read(name) for name in REWRITTEN}
+        self._trials: pa.Table | None = None  # the trials table, once something asked for it (the search phase)
+        self._added_trials: dict[str, dict[str, Any]] = {}  # trial rows added since it was read
+        self._compacted: dict[str, dict[str, str]] = {}  # per table: trial id -> the compacted part holding its rows
+        self._ready: set[str] = set()  # tables whose folder exists in the current layout
 
-    def _read(self, name: str) -> pd.DataFrame:
-        file = self.location / f"{name}.parquet"
-        if file.exists():
-            return file.read_parquet()
-        return pd.DataFrame(columns=TABLES[name])
+    def folder(self, name: str) -> Location:
+        """The ``name`` table's dataset folder (``trials``, ``metrics`` or ``points``)."""
+        return self.location / f"{name}.parquet"
+
+    def read(self, name: str, columns: list[str] | None = None) -> pd.DataFrame:
+        """The ``name`` table (only ``columns``, if given) with its schema's columns; empty when nothing wrote it."""
+        folder = self.folder(name)
+        if not folder.exists():
+            return SCHEMAS[name].empty_table().select(columns or SCHEMAS[name].names).to_pandas()
+        return _dataset(folder, name).to_table(columns=columns).to_pandas()
+
+    def trials(self) -> pd.DataFrame:
+        """The trials table, including the rows this object added (read from disk once, then kept up to date)."""
+        if self._trials is None:
+            self._trials = _dataset(self.folder("trials"), "trials").to_table() if self.folder("trials").exists() \
+                else TRIAL_SCHEMA.empty_table()
+        if self._added_trials:
+            replaced = pa.array(list(self._added_trials), pa.string())
+            kept = self._trials.filter(pa.compute.invert(pa.compute.is_in(self._trials["trial_id"], replaced)))
+            self._trials = pa.concat_tables([kept, rows_table("trials", list(self._added_trials.values()))])
+            self._added_trials = {}
+        return self._trials.to_pandas()
 
     def finished_ids(self) -> set[str]:
-        """Trials with status ok or early_stopped: a resumed run does not rerun them."""
-        trials = self.tables["trials"]
-        if trials.empty:
-            return set()
-        return set(trials.loc[trials["status"].isin(["ok", "early_stopped"]), "trial_id"])
+        """Trials with status ok or early_stopped: a resumed run does not rerun them.  Reads two columns."""
+        trials = self.trials() if self._trials is not None else self.read("trials", ["trial_id", "status"])
+        return set(trials.loc[trials["status"].isin(FINISHED), "trial_id"])
 
     def transfer_examples(self, trial_id: str) -> Location:
         """Where a transfer source trial's crafted adversarial examples are kept: ``transfer/<trial_id>.pt``."""
@@ -216,22 +292,143 @@ class ResultsDirectory:
         points: Iterable[dict[str, Any]] = (),
         predictions: dict[str, pd.DataFrame] | None = None,
     ) -> None:
-        """Add (or replace) one trial's rows: rewrite trials and metrics atomically, and write each trial id's
-        point rows (the anchor's have their own id) as its own part of ``points.parquet``."""
+        """Add (or replace) one trial's rows: its trials row, metric rows and point rows, each table's as one part
+        named by the trial id.  Point rows may also carry other ids (the anchor's, shared by the trials of one
+        repetition, whose rows are the same whoever writes them): those parts are written once."""
         trial_id = record["trial_id"]
-        for part_id, rows in pd.DataFrame(list(points), columns=POINT_COLUMNS).groupby("trial_id", sort=False):
-            (self.location / "points.parquet" / f"{part_id}.parquet").write_parquet(rows)
-        for name, rows in (("trials", [record]), ("metrics", list(metrics))):
-            if name != "trials" and not rows and self.tables[name].empty:
+        tables = {"trials": [record], "metrics": list(metrics), "points": list(points)}
+        for name, rows in tables.items():
+            by_id: dict[str, list[dict[str, Any]]] = {trial_id: []}
+            for row in rows:
+                by_id.setdefault(row["trial_id"], []).append(row)
+            if not rows and not self.folder(name).exists():
                 continue
-            table = self.tables[name]
-            ids = {trial_id} | {row["trial_id"] for row in rows}
-            keep = table[~table["trial_id"].isin(ids)] if not table.empty else table
-            new = pd.DataFrame(rows, columns=TABLES[name] if name != "trials" else None)
-            if name == "trials":
-                new = new.reindex(columns=list(dict.fromkeys(TRIAL_COLUMNS + list(new.columns))))
-            frames = [f for f in (keep, new) if not f.empty]
-            self.tables[name] = pd.concat(frames, ignore_index=True) if frames else new
-            (self.location / f"{name}.parquet").write_parquet(self.tables[name])
+            folder = self._writable_folder(name)
+            compacted = self._compacted_ids(name)
+            for part_id, part_rows in by_id.items():
+                if part_id in compacted:
+                    if part_id != trial_id:
+                        continue  # shared rows, already kept
+                    self._release(name, part_id)  # a rerun of a trial whose rows were compacted
+                part = folder / f"{part_id}.parquet"
+                if part_rows:
+                    part.write_parquet(rows_table(name, part_rows), self._staging)
+                elif part_id == trial_id and name != "trials":
+                    part.delete()  # the rerun has no such rows: the earlier run's go
+        self._added_trials[trial_id] = record
         for eval_set, frame in (predictions or {}).items():
             (self.location / "predictions" / f"{trial_id}__{eval_set}.parquet").write_parquet(frame)
+
+    def compact(self) -> dict[str, tuple[int, int]]:
+        """Merge each table's parts written since the last compact into parts of at most
+        :data:`ROWS_PER_COMPACTED_PART` rows (``compacted-NNNNN.parquet``; earlier ones are kept as they are, so a
+        compact costs what was added since) without changing what any reader sees.  A failed trial's parts stay
+        as they are, so that its rerun replaces them cheaply.  Returns, per table, (parts before, parts after).
+
+        Safe to interrupt, and to run while nothing writes to the directory (``ursa-ray run`` holds its lock).
+        Local directories only: an object store has no atomic rename, so its parts stay as written."""
+        if not self.location.is_local:
+            return {}
+        trials = self.read("trials", ["trial_id", "status"])
+        failed = set(trials.loc[~trials["status"].isin(FINISHED), "trial_id"])
+        report = {}
+        for name in SCHEMAS:
+            link = self.folder(name).local_path
+            if not (link.exists() or link.is_symlink()):
+                continue
+            current = self._writable_folder(name).local_path.resolve()
+            for leftover in (self.location.local_path / VERSIONS).glob(f"{name}.*"):
+                if leftover != current:  # from a compact that was interrupted before its swap
+                    shutil.rmtree(leftover)
+            for stale in (self.location.local_path / VERSIONS).glob(".*.tmp"):  # from a write cut short
+                stale.unlink()
+            parts = sorted(p for p in current.glob("*.parquet") if not p.name.startswith("."))
+            done = [p for p in parts if p.name.startswith(COMPACTED)]  # merged by an earlier compact: kept as they are
+            kept = [p for p in parts if p not in done and p.stem in failed]
+            merged = [p for p in parts if p not in done and p.stem not in failed]
+            if not merged:
+                report[name] = (len(parts), len(parts))
+                continue
+            version = self._new_version(name)
+            table = pads.dataset([str(p) for p in merged], schema=SCHEMAS[name], format="parquet").to_table()
+            first = 1 + max((int(p.stem[len(COMPACTED):]) for p in done), default=-1)
+            starts = range(0, table.num_rows, ROWS_PER_COMPACTED_PART)
+            for i, start in enumerate(starts, start=first):
+                pq.write_table(table.slice(start, ROWS_PER_COMPACTED_PART), version / f"{COMPACTED}{i:05d}.parquet")
+            for part in done + kept:
+                os.link(part, version / part.name)
+            _point(link, version)
+            shutil.rmtree(current)
+            report[name] = (len(parts), len(done) + len(starts) + len(kept))
+        self._compacted = {}
+        return report
+
+    def _writable_folder(self, name: str) -> Location:
+        """The table's folder, made ready for parts: created if new; a table written by an older ursa-ray (one
+        Parquet file, or a plain folder of parts) is moved into the current layout first."""
+        folder = self.folder(name)
+        if name in self._ready:
+            return folder
+        if folder.is_local:
+            link = folder.local_path
+            if not link.is_symlink():
+                version = self._new_version(name)
+                if link.exists():  # one file, or a folder of parts: merged with the table's schema
+                    pq.write_table(_dataset(folder, name).to_table(), version / f"{COMPACTED}00000.parquet")
+                aside = link.with_name(f".{link.name}.old")
+                if link.is_dir():
+                    os.replace(link, aside)  # a folder cannot be renamed over: moved aside, then replaced
+                _point(link, version)
+                shutil.rmtree(aside, ignore_errors=True)
+        elif folder.fs.get_file_info(folder.path).type == pafs.FileType.File:  # an older single-file table
+            old = _dataset(folder, name).to_table()
+            folder.delete()
+            (folder / f"{COMPACTED}00000.parquet").write_parquet(old)
+        self._ready.add(name)
+        return folder
+
+    def _new_version(self, name: str) -> Path:
+        versions = self.location.local_path / VERSIONS
+        versions.mkdir(parents=True, exist_ok=True)
+        numbers = [int(p.suffix[1:]) for p in versions.glob(f"{name}.*") if p.suffix[1:].isdigit()]
+        version = versions / f"{name}.{max(numbers, default=-1) + 1}"
+        version.mkdir()
+        return version
+
+    def _compacted_ids(self, name: str) -> dict[str, str]:
+        """Trial id -> the compacted part holding its rows in the ``name`` table (read once: ids only)."""
+        if name not in self._compacted:
+            folder = self.folder(name)
+            found: dict[str, str] = {}
+            if folder.exists():
+                selector = pafs.FileSelector(folder.path)
+                for info in folder.fs.get_file_info(selector):
+                    if info.base_name.startswith(COMPACTED) and info.base_name.endswith(".parquet"):
+                        ids = pq.read_table(info.path, columns=["trial_id"], filesystem=folder.fs)["trial_id"]
+                        found.update(dict.fromkeys(pa.compute.unique(ids).to_pylist(), info.base_name))
+            self._compacted[name] = found
+        return self._compacted[name]
+
+    def _release(self, name: str, trial_id: str) -> None:
+        """Rewrite the compacted part holding ``trial_id``'s rows without them (atomically)."""
+        part = self.folder(name) / self._compacted[name].pop(trial_id)
+        table = pq.read_table(part.path, filesystem=part.fs)
+        part.write_parquet(table.filter(pa.compute.not_equal(table["trial_id"], trial_id)), self._staging)
+
+    @property
+    def _staging(self) -> Path | None:
+        """Where a local part's temporary copy is written: ``.tables/``, outside every table's folder."""
+        return self.location.local_path / VERSIONS if self.location.is_local else None
+
+
+def _dataset(folder: Location, name: str) -> pads.Dataset:
+    """The table at ``folder`` (a dataset folder, or an older single file) read with its schema."""
+    return pads.dataset(folder.path, filesystem=folder.fs, schema=SCHEMAS[name], format="parquet")
+
+
+def _point(link: Path, target: Path) -> None:
+    """Make ``link`` a symbolic link to ``target`` in one atomic rename (readers see the old link or the new)."""
+    swap = link.with_name(f".{link.name}.{os.getpid()}.swap")
+    swap.unlink(missing_ok=True)
+    os.symlink(os.path.relpath(target, link.parent), swap)
+    os.replace(swap, link)

@@ -73,7 +73,7 @@ class ComputeBudget:
 
 def search_rows(results: ResultsDirectory, cell: str) -> pd.DataFrame:
     """The cell's recorded search trials (every status)."""
-    trials = results.tables["trials"]
+    trials = results.trials()
     if trials.empty:
         return trials
     return trials[(trials["phase"] == "search") & (trials["cell"] == cell)]
@@ -104,7 +104,7 @@ def best_config(results: ResultsDirectory, cell: str, metric: str, mode: str) ->
 
 def final_config(results: ResultsDirectory, cell: str, space: dict[str, Any]) -> dict[str, Any] | None:
     """The searched hyperparameters the cell's final trials ran with (its latest), None before its final phase."""
-    trials = results.tables["trials"]
+    trials = results.trials()
     if trials.empty:
         return None
     rows = trials[(trials["phase"] == "final") & (trials["cell"] == cell)]
