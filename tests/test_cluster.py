@@ -1,7 +1,8 @@
 """Cluster execution on one machine: a head and a second node started with ``ray start``.
 
 Covers the launcher configs (against Ray's schema), the ``ray submit`` entry script, placement across nodes
-and by custom resources, an unplaceable grid failing at once, a killed trial worker being retried, a killed
+and by custom resources (the grid's, a model's or a method's), an unplaceable grid failing at once, GPU
+shares packed onto one (declared) GPU on a cluster of its own, a killed trial worker being retried, a killed
 driver resuming, and ``ray job submit``. The cluster's processes carry a marker in their environment and are
 ended by process id at the end of the module (never ``ray stop``, which would end every Ray on the machine,
 the test session's own included).
@@ -38,6 +39,12 @@ TINY = {
     "resources": {"cpu": 1},
     "budget": {"epochs": 2, "n_samples": 2, "batch_size": 128},
     "save_predictions": False,
+}
+
+LIGHT = {  # quicker trials for the tests of where trials run: no corruption sets, a small attack, no transfer
+    "corruptions": {"types": []},
+    "bit_depths": [],
+    "adversarial": {"attacks": ["fgsm"], "n_examples": 100, "transfer": False},
 }
 
 
@@ -104,6 +111,41 @@ def test_fit_check_counts_node_types_the_autoscaler_may_add(ray_session, tmp_pat
         trials.check_cluster_fits(grid)
 
 
+def test_each_trial_asks_for_its_own_resources_and_the_fit_check_names_who_asks(ray_session, tmp_path, monkeypatch):
+    from ursa_ray.grid import GridError, parse_grid
+    from ursa_ray.tune import runner, trials
+
+    methods = ["sgd", {"name": "mc_dropout", "resources": {"gpu": 0}}]  # the method's gpu wins over the model's
+    models = [{"name": "mlp", "options": {"widths": [16]}}, {"name": "linear", "resources": {"gpu": 1}}]
+    path = str(tmp_path / "g.yaml")
+    grid = parse_grid(dict(TINY, methods=methods, models=models), path)
+    asked = {(s["label"], s["model"]): trials.placement({"specs": [s]}).required_resources for s in grid.trial_specs()}
+    assert asked == {
+        ("sgd", "mlp"): {"CPU": 1.0},
+        ("sgd", "linear"): {"CPU": 1.0, "GPU": 1.0},
+        ("mc_dropout", "mlp"): {"CPU": 1.0},
+        ("mc_dropout", "linear"): {"CPU": 1.0},
+    }
+    specs = grid.trial_specs()
+    assert runner._requests(specs, grid) == (
+        "per-trial resources (2 distinct requests: CPU=1 for sgd/mlp, mc_dropout/mlp, mc_dropout/linear; "
+        "CPU=1, GPU=1 for sgd/linear)"
+    )  # the final phase's first line
+    assert runner._requests(parse_grid(TINY, path).trial_specs(), grid) == "CPU=1 each"
+    search = grid.spec_for(grid.cells()[1], 0, "search", {})  # a search trial of sgd on linear
+    assert trials.placement({"spec": search, "hp": {"lr": 0.1}}).required_resources == {"CPU": 1.0, "GPU": 1.0}
+    monkeypatch.setattr(trials, "LAUNCHER_CONFIG", tmp_path / "absent.yaml")
+    with pytest.raises(GridError) as info:
+        trials.check_cluster_fits(grid)
+    assert str(info.value).startswith(
+        f"{path}: resources: method 'sgd' on model 'linear' asks for GPU=1, which no node of the Ray cluster has (nodes offer: "
+    )
+    methods[1] = "mc_dropout"  # now both methods ask for the GPU on linear
+    with pytest.raises(GridError, match=r"'sgd' on model 'linear' \(and 1 other method/model pair\) asks for GPU=1"):
+        trials.check_cluster_fits(parse_grid(dict(TINY, methods=methods, models=models), path))
+    trials.check_cluster_fits(parse_grid(dict(TINY, methods=methods), path))  # nobody asks for a GPU: it fits
+
+
 # ------------------------------------------------------------------------------------- the local cluster
 
 
@@ -134,9 +176,12 @@ def _marked_pids(marker: str, title: bytes = b"", parent: int | None = None, con
 
 
 class LocalCluster:
-    """A head and a second node on this machine, each with its own temp dir and custom resource."""
+    """A head and a second node on this machine, each with its own temp dir and custom resource; or, with
+    ``second_node=False``, a head alone (``num_gpus``: GPUs it declares, which Ray hands out without any
+    being there; ``dashboard=False``: no dashboard, a quicker start)."""
 
-    def __init__(self):
+    def __init__(self, num_cpus: int = 1, num_gpus: int = 0, second_node: bool = True, dashboard: bool = True):
+        self.num_cpus, self.num_gpus, self.second_node, self.with_dashboard = num_cpus, num_gpus, second_node, dashboard
         self.marker = f"URSA_TEST_CLUSTER={os.getpid()}-{secrets.token_hex(4)}"
         self.head_tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths must fit
         self.node_tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")
@@ -163,20 +208,18 @@ class LocalCluster:
         return subprocess.run([RAY, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def start(self) -> None:
-        common = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--object-store-memory", str(200 * 1024**2),
+        common = ["--node-ip-address", "127.0.0.1", "--num-cpus", str(self.num_cpus), "--object-store-memory", str(200 * 1024**2),
                   "--disable-usage-stats"]
+        dashboard = ["--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
+                     "--dashboard-port", str(self.dashboard_port)] if self.with_dashboard else ["--include-dashboard", "false"]
+        gpus = ["--num-gpus", str(self.num_gpus)] if self.num_gpus else []
         head = self.ray(
-            "start", "--head", "--port", str(self.port), *common, "--resources", '{"head_node": 1}',
-            "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-            "--dashboard-port", str(self.dashboard_port),
+            "start", "--head", "--port", str(self.port), *common, *gpus, "--resources", '{"head_node": 1}', *dashboard,
             "--ray-client-server-port", str(_free_port()), "--dashboard-agent-listen-port", str(_free_port()),
         )  # fmt: skip
         assert head.returncode == 0, head.stdout + head.stderr
-        second = self.ray(
-            "start", "--address", self.address, *common, "--resources", '{"second_node": 1}',
-            "--temp-dir", self.node_tmp, "--dashboard-agent-listen-port", str(_free_port()),
-        )  # fmt: skip
-        assert second.returncode == 0, second.stdout + second.stderr
+        if self.second_node:
+            self._start_second_node(common)
         probe = (
             "import json, ray; ray.init(address=%r, logging_level='ERROR', log_to_driver=False); "
             "print(json.dumps([[n['NodeID'], n['Resources']] for n in ray.nodes() if n['Alive']]))" % self.address
@@ -187,7 +230,15 @@ class LocalCluster:
             for name in ("head_node", "second_node"):
                 if name in resources:
                     self.nodes[name] = node_id
-        assert set(self.nodes) == {"head_node", "second_node"}, out.stdout
+        expected = {"head_node", "second_node"} if self.second_node else {"head_node"}
+        assert set(self.nodes) == expected, out.stdout
+
+    def _start_second_node(self, common: list[str]) -> None:
+        second = self.ray(
+            "start", "--address", self.address, *common, "--resources", '{"second_node": 1}',
+            "--temp-dir", self.node_tmp, "--dashboard-agent-listen-port", str(_free_port()),
+        )  # fmt: skip
+        assert second.returncode == 0, second.stdout + second.stderr
 
     def stop(self) -> list[int]:
         """End every process of this cluster (and its drivers) by id; returns those that would not end."""
@@ -276,6 +327,42 @@ def test_grid_no_node_can_place_fails_at_once(cluster, tmp_path):
     assert not out.exists()
 
 
+def test_per_model_and_per_method_resources_place_each_trial_where_it_fits(cluster, tmp_path):
+    # mlp trials ask for the head, linear ones for the second node, and mc_dropout on mlp for the second node too
+    models = [{"name": "mlp", "options": {"widths": [16]}, "resources": {"custom": {"head_node": 1}}},
+              {"name": "linear", "resources": {"custom": {"second_node": 1}}}]
+    methods = ["sgd", {"name": "mc_dropout", "models": ["mlp"], "resources": {"custom": {"second_node": 1}}}]
+    grid = _write_grid(tmp_path, "per_model", methods=methods, models=models, seeds=2, **LIGHT)
+    out = tmp_path / "results"
+    run = _run(cluster, _ursa("run", str(grid), "--out", str(out), "--address", cluster.address))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert ("with per-trial resources (2 distinct requests: CPU=1, head_node=1 for sgd/mlp; "
+            "CPU=1, second_node=1 for sgd/linear, mc_dropout/mlp)") in run.stdout, run.stdout  # fmt: skip
+    trials = _trials(out)
+    assert len(trials) == 6 and (trials["status"] == "ok").all()
+    where = {(row.method, row.model): row.node_id for row in trials.itertuples()}
+    assert where == {
+        ("sgd", "mlp"): cluster.nodes["head_node"],
+        ("sgd", "linear"): cluster.nodes["second_node"],
+        ("mc_dropout", "mlp"): cluster.nodes["second_node"],
+    }
+    assert (trials["n_cpus"] == 1).all() and (trials["n_gpus"] == 0).all() and (trials["gpu_ids"] == "").all()
+
+
+def test_a_method_request_no_node_can_place_names_the_method_and_model(cluster, tmp_path):
+    methods = ["sgd", {"name": "mc_dropout", "resources": {"custom": {"third_node": 1}}}]
+    grid = _write_grid(tmp_path, "third_method", methods=methods)
+    out = tmp_path / "results"
+    run = _run(cluster, _ursa("run", str(grid), "--out", str(out), "--address", cluster.address), timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: {grid}: resources: method 'mc_dropout' on model 'mlp' asks for third_node=1, which no node of the "
+        "Ray cluster has (nodes offer: CPU=1; CPU=1)"
+    ], run.stderr
+    assert "final phase" not in run.stdout and not out.exists()  # no trial started
+
+
 def test_killed_trial_worker_is_retried_and_results_are_complete(cluster, tmp_path):
     grid = _write_grid(tmp_path, "retry", methods=["sgd"], seeds=3, max_failures=2,
                        budget={"epochs": 30, "n_samples": 2, "batch_size": 64})  # fmt: skip
@@ -354,6 +441,49 @@ def test_ray_job_submit_runs_a_grid(cluster, tmp_path):
     assert "succeeded" in run.stdout + run.stderr
     trials = _trials(out)
     assert len(trials) == 2 and (trials["status"] == "ok").all()
+
+
+@pytest.fixture
+def gpu_cluster():
+    """A one-node cluster declaring one GPU (Ray hands it out though there is none), its own ports and temp dir.
+
+    Four CPUs: a node starts as many worker processes at once as it has CPUs.  With a searcher of its own
+    (the final phase's SpecQueue) Tune keeps one trial pending unless told otherwise, so workers would start
+    one by one and the four GPU shares would not overlap; ``run_trials`` tells it (``_pending_trials``)."""
+    local = LocalCluster(num_cpus=4, num_gpus=1, second_node=False, dashboard=False)
+    try:
+        local.start()
+        yield local
+    finally:
+        left = local.stop()
+        assert not left, f"processes of the GPU test cluster still running: {left}"
+
+
+def test_gpu_shares_pack_onto_one_gpu_and_a_whole_gpu_runs_alone(gpu_cluster, tmp_path):
+    """Four trials asking for a quarter of the one GPU run on it at once; a trial asking for the whole GPU runs
+    alone.  Each records the GPU Ray assigned it; torch sees none here, so they train on the CPU."""
+    import torch
+
+    methods = [{"name": "sgd", "label": "whole_gpu", "vectorize_seeds": 4, "resources": {"gpu": 1}},  # one trial, first
+               {"name": "sgd", "vectorize_seeds": 1, "resources": {"gpu": 0.25}}]  # four trials
+    grid = _write_grid(tmp_path, "gpu_packing", methods=methods, resources={"cpu": 0.25},
+                       budget={"epochs": 20, "n_samples": 2, "batch_size": 64}, **LIGHT)  # fmt: skip
+    out = tmp_path / "results"
+    run = _run(gpu_cluster, _ursa("run", str(grid), "--out", str(out), "--address", gpu_cluster.address))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "on Ray (4 CPUs, 1 GPUs)" in run.stdout, run.stdout
+    trials = _trials(out)
+    assert len(trials) == 8 and (trials["status"] == "ok").all(), trials[["method", "status", "error"]]
+    whole, quarter = trials[trials["method"] == "whole_gpu"], trials[trials["method"] == "sgd"]
+    assert (whole["seeds_in_trial"] == 4).all() and (quarter["seeds_in_trial"] == 1).all()
+    assert (whole["n_gpus"] == 1).all() and (quarter["n_gpus"] == 0.25).all() and (trials["n_cpus"] == 0.25).all()
+    assert (trials["gpu_ids"] == "[0]").all(), trials["gpu_ids"]
+    spans = trials[["method", "started_at", "finished_at"]].to_string()
+    assert quarter["started_at"].max() < quarter["finished_at"].min(), spans  # all four were running at once
+    start, end = whole["started_at"].iloc[0], whole["finished_at"].iloc[0]
+    assert ((quarter["finished_at"] <= start) | (quarter["started_at"] >= end)).all(), spans  # none beside it
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert trials["device"].str.startswith(device).all(), trials["device"]
 
 
 def test_lost_node_loses_no_finished_result(cluster, tmp_path):

@@ -79,6 +79,19 @@ BAD = [
     (variant(resources={"cpu": 0}), "resources.cpu: expected a number > 0, got 0"),
     (variant(resources={"gpu": -1}), "resources.gpu: expected a number >= 0, got -1"),
     (variant(resources={"tpu": 1}), "resources.tpu: unknown key; allowed: cpu, gpu, custom"),
+    (variant(resources={"custom": {"big_mem": 0}}), "resources.custom.big_mem: expected a number > 0, got 0"),
+    (variant(models=[{"name": "mlp", "resources": {"gpu": "one"}}]), "models[0].resources.gpu: expected a number, got 'one'"),
+    (variant(models=["linear", {"name": "mlp", "resources": {"gpu": -0.5}}]),
+     "models[1].resources.gpu: expected a number >= 0, got -0.5"),
+    (variant(models=[{"name": "mlp", "resources": {"cpu": 0}}]), "models[0].resources.cpu: expected a number > 0, got 0"),
+    (variant(models=[{"name": "mlp", "resources": {"tpu": 1}}]), "models[0].resources.tpu: unknown key; allowed: cpu, gpu, custom"),
+    (variant(models=[{"name": "mlp", "resources": [1, 0]}]), "models[0].resources: expected a mapping with keys ['cpu', 'gpu', 'custom']"),
+    (variant(methods=["sgd", {"name": "mc_dropout", "resources": {"cpu": True}}]),
+     "methods[1].resources.cpu: expected a number, got True"),
+    (variant(methods=[{"name": "sgd", "resources": {"custom": ["big_mem"]}}]),
+     "methods[0].resources.custom: expected a mapping of resource name to amount, got ['big_mem']"),
+    (variant(methods=[{"name": "sgd", "resources": {"custom": {"big_mem": -1}}}]),
+     "methods[0].resources.custom.big_mem: expected a number > 0, got -1"),
     (variant(save_predictions="yes"), "save_predictions: expected true or false, got 'yes'"),
     (variant(name=None), "name: required"),
     (variant(datasets=[{"name": "digits", "complexity": [1, 2]}]), "datasets[0].complexity: digits has no complexity to sweep"),
@@ -109,6 +122,43 @@ def test_model_hyperparameters_override_per_model():
     )
     specs = parse_grid(raw, "g.yaml").trial_specs()
     assert {s["model"]: s["config"]["lr"] for s in specs} == {"mlp": 0.1, "linear": 0.5}
+
+
+def test_resources_per_method_and_model_merge_key_by_key():
+    """Method entry over model entry over the grid, key by key; ``custom`` is one key (replaced whole)."""
+    raw = variant(
+        resources={"cpu": 2, "custom": {"pool": 1}},
+        models=[{"name": "mlp", "options": {"widths": [8]}, "resources": {"cpu": 1, "gpu": 0.1, "custom": {"big_mem": 2}}},
+                "linear"],
+        methods=[{"name": "sgd", "resources": {"gpu": 0.5}}, {"name": "mc_dropout", "resources": {"custom": {}}},
+                 {"name": "sgd", "label": "plain"}],
+    )  # fmt: skip
+    grid = parse_grid(raw, "g.yaml")
+    got = {(s["label"], s["model"]): s["resources"] for s in grid.trial_specs() if s["seed"] == 0}
+    assert got == {
+        ("sgd", "mlp"): {"cpu": 1, "gpu": 0.5, "custom": {"big_mem": 2}},  # gpu from the method, the rest from the model
+        ("sgd", "linear"): {"cpu": 2, "gpu": 0.5, "custom": {"pool": 1}},  # cpu and custom from the grid
+        ("mc_dropout", "mlp"): {"cpu": 1, "gpu": 0.1, "custom": {}},  # the method drops every custom resource
+        ("mc_dropout", "linear"): {"cpu": 2, "gpu": 0, "custom": {}},
+        ("plain", "mlp"): {"cpu": 1, "gpu": 0.1, "custom": {"big_mem": 2}},
+        ("plain", "linear"): {"cpu": 2, "gpu": 0, "custom": {"pool": 1}},
+    }
+    assert grid.resources == {"cpu": 2, "gpu": 0, "custom": {"pool": 1}}
+    search = grid.spec_for(grid.cells()[1], 0, "search", {})  # a search trial asks for what its cell's final ones do
+    assert (search["label"], search["model"], search["resources"]) == ("sgd", "linear", got[("sgd", "linear")])
+    assert search["resources"]["custom"] is not grid.resources["custom"]  # a copy: a spec changed alone
+    defaults = parse_grid(variant(resources=None), "g.yaml").trial_specs()[0]["resources"]
+    assert defaults == {"cpu": 1, "gpu": 0, "custom": {}}
+
+
+def test_resources_do_not_change_trial_ids():
+    """A trial's id (resume, the grid fingerprint) does not depend on what it asks Ray for."""
+    plain = parse_grid(GOOD, "g.yaml").trial_specs()
+    raw = variant(models=[{"name": "mlp", "options": {"widths": [16]}, "resources": {"cpu": 4, "gpu": 1}}],
+                  methods=[{"name": "sgd", "hyperparameters": {"lr": 0.05}, "resources": {"gpu": 0.5}}, "mc_dropout"])
+    specs = parse_grid(raw, "g.yaml").trial_specs()
+    assert [s["trial_id"] for s in specs] == [s["trial_id"] for s in plain]
+    assert {s["resources"]["gpu"] for s in specs} == {0.5, 1}
 
 
 @pytest.mark.parametrize("raw, message", BAD, ids=[m.split(":")[0] for _, m in BAD])

@@ -106,3 +106,45 @@ def test_points_are_written_per_trial_and_read_back_as_one_table(tmp_path):
     assert sorted(points.groupby("trial_id").size().items()) == [("a", 3), ("b", 3), ("blr-e1-c1-s0", 3)]
     assert sorted(points.loc[points["trial_id"] == "a", "mean"]) == [10.0, 11.0, 12.0]  # replaced, not duplicated
     assert sorted(load_results(tmp_path).trials["trial_id"]) == ["a", "b"]
+
+
+def test_live_fifo_scheduler_chooses_as_tunes_fifo_without_keeping_finished_trials():
+    import random
+
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import FIFOScheduler
+
+    from ursa_ray.tune.trials import LiveFIFOScheduler
+
+    class FakeTrial:
+        def __init__(self, status: str):
+            self.status = status
+
+    class Controller:
+        def __init__(self):
+            self.trials: list[FakeTrial] = []
+
+        def get_trials(self):
+            return self.trials
+
+    rng = random.Random(0)
+    controller, ours, tunes = Controller(), LiveFIFOScheduler(), FIFOScheduler()
+    for step in range(3000):
+        if rng.random() < 0.3:  # the searcher adds a trial
+            trial = FakeTrial(Trial.PENDING)
+            controller.trials.append(trial)
+            ours.on_trial_add(controller, trial)
+        alive = [t for t in controller.trials if t.status not in (Trial.TERMINATED, Trial.ERROR)]
+        if alive and rng.random() < 0.5:  # a trial changes state
+            trial = rng.choice(alive)
+            trial.status = rng.choice([Trial.RUNNING, Trial.PAUSED, Trial.TERMINATED, Trial.ERROR, Trial.PENDING])
+            if trial.status == Trial.PENDING and rng.random() < 0.5:  # a retry: Tune moves it to the end
+                controller.trials.remove(trial)
+                controller.trials.append(trial)
+                ours.on_trial_add(controller, trial)
+        assert ours.choose_trial_to_run(controller) is tunes.choose_trial_to_run(controller), step
+    assert sum(t.status in (Trial.TERMINATED, Trial.ERROR) for t in controller.trials) > 500
+    for trial in controller.trials:
+        trial.status = Trial.TERMINATED
+    assert ours.choose_trial_to_run(controller) is None
+    assert not ours._alive  # finished trials are dropped as they are met: none is kept

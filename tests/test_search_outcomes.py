@@ -255,39 +255,50 @@ def test_search_plan_counts_finished_trials_as_done_and_every_trial_as_spent():
     assert search_plan(_rows(), SimpleNamespace(n_trials=4, cpu_seconds=None, gpu_seconds=None))[:2] == (4, 0)
 
 
-def _search_spec():
-    grid = parse_grid({**DIVERGING, "methods": DIVERGING["methods"][:1]}, "s.yaml")
+def _search_spec(**resources):
+    """A search spec of DIVERGING's first method, whose trials ask for 2 CPUs (and ``resources``)."""
+    methods = [{**DIVERGING["methods"][0], "resources": resources}]
+    grid = parse_grid({**DIVERGING, "methods": methods, "resources": {"cpu": 2}}, "s.yaml")
     return grid.spec_for(grid.cells()[0], 0, "search", {})
 
 
 def _callback(tmp_path, stopper=None, summary=None):
     results = ResultsDirectory(tmp_path / "results")
-    return ResultsCallback(results, {"CPU": 2.0}, summary or RunSummary(), lambda line: None, None, stopper)
+    return ResultsCallback(results, summary or RunSummary(), lambda line: None, None, stopper)
 
 
-def test_the_budget_counts_running_trials():
-    stopper = RunStopper(Interrupt(), lambda line: None, ComputeBudget(cpu_seconds=20.0, gpu_seconds=None))
+def _start(callback, trial, started):
+    """Tune starting ``trial`` at time ``started``."""
+    callback.started[trial.trial_id] = started
+    callback.on_trial_start(0, [], trial)
+
+
+def test_the_budget_counts_running_trials_at_their_own_requests():
+    stopper = RunStopper(Interrupt(), lambda line: None, ComputeBudget(cpu_seconds=20.0, gpu_seconds=2.0))
     callback = _callback_without_results(stopper)
     now = time.time()
-    callback.started = {"a": now - 6.0}  # running: 2 CPUs x 6 s = 12 reserved CPU-s
+    _start(callback, _fake_trial(_search_spec(), "a"), now - 6.0)  # running: 2 CPUs x 6 s = 12 reserved CPU-s
     assert not stopper.stop_all()
-    callback.started["b"] = now - 4.0  # a second one running: 12 + 8 = 20, nothing recorded yet
+    _start(callback, _fake_trial(_search_spec(cpu=1), "b"), now - 4.0)  # 1 CPU x 4 s: 16 (not 2 x 4: 20)
+    assert not stopper.stop_all() and callback.reserved(now)[0] == pytest.approx(16.0)
+    _start(callback, _fake_trial(_search_spec(gpu=0.5), "c"), now - 3.0)  # 2 CPUs x 3 s: 22; 0.5 GPU x 3 s: 1.5
+    assert callback.reserved(now) == pytest.approx((22.0, 1.5))
     assert stopper.stop_all() and stopper.reason == "budget"
     earlier = RunStopper(Interrupt(), lambda line: None, ComputeBudget(20.0, None, spent_before=(15.0, 0.0)))
     callback = _callback_without_results(earlier)
-    callback.started = {"c": time.time() - 3.0}  # 15 from earlier runs + 6 running
+    _start(callback, _fake_trial(_search_spec(), "d"), time.time() - 3.0)  # 15 from earlier runs + 6 running
     assert earlier.stop_all()
 
 
 def _callback_without_results(stopper):
-    callback = ResultsCallback(None, {"CPU": 2.0}, RunSummary(), lambda line: None, None, stopper)
+    callback = ResultsCallback(None, RunSummary(), lambda line: None, None, stopper)
     stopper.callback = callback
     return callback
 
 
-def _fake_trial(spec):
+def _fake_trial(spec, trial_id="abc_00001"):
     return SimpleNamespace(
-        trial_id="abc_00001",
+        trial_id=trial_id,
         config={"spec": spec, "hp": {"lr": 0.1}},
         last_result={"status": "running", "n_samples": 1, "val_nll": 1.3, "cpu_s": 2.5, "train_s": 2.0},
         checkpoint=None,
@@ -299,15 +310,18 @@ def test_a_trial_cut_short_by_the_budget_is_recorded_with_its_compute(tmp_path):
     stopper = RunStopper(Interrupt(), lambda line: None, ComputeBudget(cpu_seconds=10.0, gpu_seconds=None))
     summary = RunSummary()
     callback = _callback(tmp_path, stopper, summary)
-    trial = _fake_trial(_search_spec())
-    callback.started[trial.trial_id] = 1000.0
+    trial = _fake_trial(_search_spec(gpu=0.25))
+    _start(callback, trial, 1000.0)
     stopper.reason, stopper.stopped_at = "budget", 1004.0
     callback.on_experiment_end([trial, SimpleNamespace(trial_id="never_started")])
+    assert not callback.running  # recorded: no longer counted as running
     rows = pd.read_parquet(tmp_path / "results" / "trials.parquet")
     assert len(rows) == 1
     row = rows.iloc[0]
     assert row["status"] == "early_stopped" and "cpu_seconds 10 budget" in row["error"]
     assert row["wall_s"] == 4.0 and row["reserved_cpu_s"] == 8.0 and row["cpu_s"] == 2.5
+    assert row["n_cpus"] == 2.0 and row["n_gpus"] == 0.25 and row["reserved_gpu_s"] == 1.0  # the trial's own request
+    assert row["gpu_ids"] == ""  # it never reported the GPUs Ray gave it
     assert row["phase"] == "search" and json.loads(row["config"])["lr"] == 0.1
     assert summary.early_stopped == [row["trial_id"]] and summary.incomplete == 0
 
@@ -321,7 +335,7 @@ def test_a_trial_stopped_by_ctrl_c_is_not_recorded(tmp_path):
     stopper.callback = callback
     assert stopper.stop_all() and stopper.reason == "interrupt"
     trial = _fake_trial(_search_spec())
-    callback.started[trial.trial_id] = 1000.0
+    _start(callback, trial, 1000.0)
     callback.on_experiment_end([trial])
     callback.on_trial_error(0, [trial], trial)  # a worker lost to Ctrl-C is not a failed trial
     assert not (tmp_path / "results" / "trials.parquet").exists()

@@ -47,7 +47,7 @@ def _check_resources(grid: Grid, address: str | None) -> str:
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         return "resources: not checked: no Ray cluster given (set RAY_ADDRESS or pass --address to check them)"
-    from ursa_ray.tune.trials import check_cluster_fits, connect, trial_resources
+    from ursa_ray.tune.trials import check_cluster_fits, connect, describe, grid_requests
 
     reason = _unreachable(address)
     if reason is None:
@@ -58,8 +58,10 @@ def _check_resources(grid: Grid, address: str | None) -> str:
     if reason is not None:
         return f"resources: not checked: no Ray cluster reachable at {address} ({reason})"
     check_cluster_fits(grid)
-    need = ", ".join(f"{k}={v:g}" for k, v in trial_resources(grid).items())
-    return f"resources: each trial's {need} fits a node of the Ray cluster at {address}"
+    requests = [describe(dict(need)) for need in grid_requests(grid)]
+    if len(requests) == 1:
+        return f"resources: each trial's {requests[0]} fits a node of the Ray cluster at {address}"
+    return f"resources: every trial's request ({'; '.join(requests)}) fits a node of the Ray cluster at {address}"
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -83,14 +85,19 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from ursa_ray import api
+    from ursa_ray.tune.progress import Progress
 
     grid = load_grid(args.grid)
     out = args.out or str(Path("results") / grid.name)
+    progress = Progress.for_stdout(args.progress)
     try:
-        summary = api.run(grid, out, address=args.address, allow_grid_change=args.allow_grid_change)
+        summary = api.run(grid, out, address=args.address, echo=progress, allow_grid_change=args.allow_grid_change)
     except KeyboardInterrupt:  # a second Ctrl-C: stopped at once (never in the middle of writing a trial's rows)
+        progress.close()
         print("aborted: stopped at once; finished trials are kept; run the same command again to resume", file=sys.stderr)
         return 130
+    finally:
+        progress.close()  # the status line ends before the summary lines (and before a GridError's message)
     search_failed = len(summary.search_failed)
     print(
         f"done: {len(summary.finished)} ok, {len(summary.failed)} failed ({search_failed} of them search trials), "
@@ -207,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="add a changed grid's trials to a results directory another grid wrote (every grid version is kept "
         "in DIR/grid-versions/)",
+    )
+    run.add_argument(
+        "--progress",
+        choices=("auto", "line", "log"),
+        default="auto",
+        help="how progress is shown: 'line', one status line rewritten in place (done, failed, running and "
+        "pending trials, elapsed time, estimated time left), with failures and retries printed above it; 'log', "
+        "one line per finished trial (for logs and CI); 'auto' (default): line when stdout is a terminal, else log",
     )
     run.set_defaults(func=_cmd_run)
     validate = sub.add_parser("validate", help="check a grid without running anything")

@@ -45,7 +45,7 @@ TOP_KEYS = {
     "models": "a non-empty list of models",
     "datasets": "a non-empty list of datasets",
     "seeds": "an integer n (seeds 0..n-1) or a non-empty list of non-negative integers",
-    "resources": "per-trial resources {cpu, gpu, custom}",
+    "resources": "per-trial resources {cpu, gpu, custom} (a method or model entry may give its own)",
     "budget": f"defaults for {list(BUDGET_KEYS)}",
     "save_predictions": "true or false",
     "adversarial": "adversarial evaluation {attacks, epsilons, n_examples, attack_samples, pgd_steps, transfer}",
@@ -63,10 +63,13 @@ TOP_KEYS = {
 REQUIRED = ("name", "methods", "models", "datasets", "seeds")
 METHOD_KEYS = (
     "name", "label", "models", "datasets", "hyperparameters", "model_hyperparameters", "search", "vectorize_seeds",
+    "resources",
 )
-MODEL_KEYS = ("name", "options")
+MODEL_KEYS = ("name", "options", "resources")
 DATASET_KEYS = ("name", "ood", "complexity", "options", "file")
 RESOURCE_KEYS = ("cpu", "gpu", "custom")
+DEFAULT_RESOURCES: dict[str, Any] = {"cpu": 1, "gpu": 0, "custom": {}}
+"""A trial's resources when neither the grid nor its method or model entry says."""
 
 
 class GridError(ValueError):
@@ -84,6 +87,8 @@ class MethodEntry:
     datasets: tuple[str, ...] | None = None
     vectorize_seeds: int | None = None
     """This entry's own ``vectorize_seeds`` (None: the grid's)."""
+    resources: dict[str, Any] = field(default_factory=dict)
+    """The resource keys this entry gives itself (``cpu``, ``gpu``, ``custom``; see :meth:`Grid.resources_for`)."""
 
     def pairs_with(self, model: str, dataset: str) -> bool:
         """Whether this method runs on (model, dataset), given its optional restrictions."""
@@ -94,6 +99,8 @@ class MethodEntry:
 class ModelEntry:
     name: str
     options: dict[str, Any]
+    resources: dict[str, Any] = field(default_factory=dict)
+    """The resource keys this entry gives itself (``cpu``, ``gpu``, ``custom``; see :meth:`Grid.resources_for`)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,8 @@ class Grid:
     datasets: tuple[DatasetEntry, ...]
     seeds: tuple[int, ...]
     resources: dict[str, Any]
+    """The grid-level ``resources``, every key filled in: what a trial gets unless its method or model entry
+    says otherwise (:meth:`resources_for`)."""
     budget: dict[str, int]
     save_predictions: bool
     bit_depths: tuple[str, ...]
@@ -188,7 +197,7 @@ class Grid:
             "adversarial": self.adversarial,
             "data_root": self.data_root,
             "download": self.download,
-            "resources": self.resources,
+            "resources": self.resources_for(m, cell["model"]),
             "cell": cell_key(cell),
         }
         if phase == "search" and self.search is not None:
@@ -197,6 +206,16 @@ class Grid:
         spec["trial_id"] = trial_id(spec)
         return spec
 
+    def resources_for(self, method: MethodEntry, model: ModelEntry) -> dict[str, Any]:
+        """The resources one trial of ``method`` on ``model`` asks Ray for, ``{cpu, gpu, custom}``.
+
+        Merged key by key, the most specific first: the method entry's ``resources``, then the model entry's,
+        then the grid's (whose missing keys default to ``cpu: 1, gpu: 0, custom: {}``).  A method giving only
+        ``gpu`` keeps the model's (or the grid's) ``cpu``.  ``custom`` is one key: the most specific mapping
+        given replaces the others whole (``custom: {}`` drops the grid's custom resources).  Resources are
+        not part of a trial's identity (:func:`trial_id`): changing them reruns nothing."""
+        merged = {**self.resources, **model.resources, **method.resources}
+        return {"cpu": merged["cpu"], "gpu": merged["gpu"], "custom": dict(merged["custom"])}
 
     def vectorized_seeds(self, entry: MethodEntry, model: str) -> int:
         """How many seeds of ``entry`` on ``model`` one final-phase trial trains as one batched computation:
@@ -335,6 +354,33 @@ def _positive_number(path: str, where: str, value: Any, allow_zero: bool) -> flo
     if value < 0 or (value == 0 and not allow_zero):
         raise _fail(path, where, f"expected a number {'>= 0' if allow_zero else '> 0'}, got {value!r}")
     return value
+
+
+def _resources(path: str, where: str, raw: Any) -> dict[str, Any]:
+    """A ``resources`` mapping (the grid's, or a method or model entry's) checked: only the keys it gives,
+    ``cpu`` > 0, ``gpu`` >= 0 (below 1: a share of one GPU), ``custom`` a mapping of resource name to an
+    amount > 0.  ``where`` is its field, e.g. ``models[1].resources``."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise _fail(path, where, f"expected a mapping with keys {list(RESOURCE_KEYS)}, got {raw!r}")
+    for key in raw:
+        if key not in RESOURCE_KEYS:
+            raise _fail(path, f"{where}.{key}", f"unknown key; allowed: {', '.join(RESOURCE_KEYS)}")
+    out: dict[str, Any] = {}
+    if "cpu" in raw:
+        out["cpu"] = _positive_number(path, f"{where}.cpu", raw["cpu"], allow_zero=False)
+    if "gpu" in raw:
+        out["gpu"] = _positive_number(path, f"{where}.gpu", raw["gpu"], allow_zero=True)
+    if "custom" in raw:
+        custom = raw["custom"] or {}
+        if not isinstance(custom, dict):
+            raise _fail(path, f"{where}.custom", f"expected a mapping of resource name to amount, got {custom!r}")
+        out["custom"] = {
+            str(key): _positive_number(path, f"{where}.custom.{key}", value, allow_zero=False)
+            for key, value in custom.items()
+        }
+    return out
 
 
 def _int(path: str, where: str, value: Any, minimum: int) -> int:
@@ -493,7 +539,8 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     for i, item in enumerate(_entries(path, raw, "models", MODEL_KEYS)):
         spec = _named(path, f"models[{i}].name", models.get_model, item["name"])
         options = _check_options(path, f"models[{i}].options", f"model {spec.name}", spec.options, item.get("options"))
-        model_entries.append(ModelEntry(item["name"], options))
+        own = _resources(path, f"models[{i}].resources", item.get("resources"))
+        model_entries.append(ModelEntry(item["name"], options, own))
     if len({m.name for m in model_entries}) != len(model_entries):
         raise _fail(path, "models", "each model may appear once")
 
@@ -569,7 +616,8 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         vectorize = item.get("vectorize_seeds")
         if vectorize is not None:
             _int(path, f"{where}.vectorize_seeds", vectorize, 1)
-        method_entries.append(MethodEntry(item["name"], label, only, hyper, space, per_model, only_data, vectorize))
+        own = _resources(path, f"{where}.resources", item.get("resources"))
+        method_entries.append(MethodEntry(item["name"], label, only, hyper, space, per_model, only_data, vectorize, own))
     labels = [m.label for m in method_entries]
     duplicates = sorted({lab for lab in labels if labels.count(lab) > 1})
     if duplicates:
@@ -585,22 +633,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     else:
         raise _fail(path, "seeds", f"expected {TOP_KEYS['seeds']}, got {seeds_raw!r}")
 
-    resources_raw = raw.get("resources") or {}
-    if not isinstance(resources_raw, dict):
-        raise _fail(path, "resources", f"expected a mapping with keys {list(RESOURCE_KEYS)}")
-    for key in resources_raw:
-        if key not in RESOURCE_KEYS:
-            raise _fail(path, f"resources.{key}", f"unknown key; allowed: {', '.join(RESOURCE_KEYS)}")
-    resources = {
-        "cpu": _positive_number(path, "resources.cpu", resources_raw.get("cpu", 1), allow_zero=False),
-        "gpu": _positive_number(path, "resources.gpu", resources_raw.get("gpu", 0), allow_zero=True),
-        "custom": {},
-    }
-    custom = resources_raw.get("custom") or {}
-    if not isinstance(custom, dict):
-        raise _fail(path, "resources.custom", "expected a mapping of resource name to amount")
-    for key, value in custom.items():
-        resources["custom"][str(key)] = _positive_number(path, f"resources.custom.{key}", value, allow_zero=False)
+    resources = {**DEFAULT_RESOURCES, "custom": {}, **_resources(path, "resources", raw.get("resources") or {})}
 
     for key in ("save_predictions", "download"):
         if key in raw:

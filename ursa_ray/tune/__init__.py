@@ -16,3 +16,8 @@ os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")  # a retried or failed
 # A failed search trial reports no selection metric (it has none): an ordinary outcome, recorded as failed and
 # told to the searcher as pruned (see ursa_ray.tune.search), not a reason for Tune to abort the whole run.
 os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"
+# Tune snapshots its experiment state (every trial's JSON, some 24 KB a trial) to restore an experiment from; ursa-ray
+# never restores one (a rerun resumes from its own results), and the snapshot's cost grows with the trials so far:
+# every 10 minutes (and Tune's forced one at the experiment's end) instead of Tune's "auto" (every 10 s or more),
+# see docs/performance.md, "The driver on large grids".
+os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "600")

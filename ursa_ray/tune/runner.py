@@ -25,8 +25,9 @@ from ursa_ray.tune.trials import (
     RunSummary,
     check_cluster_fits,
     connect,
+    describe,
+    request,
     run_trials,
-    trial_resources,
 )
 
 __all__ = ["run_grid"]
@@ -71,13 +72,32 @@ def run_grid(
         todo = [s for s in specs if s["trial_id"] not in done]
         summary.planned += len(specs)
         summary.skipped += len(specs) - len(todo)
-        resources = ", ".join(f"{k}={v:g}" for k, v in trial_resources(grid).items())
         cluster = ray.cluster_resources()
         echo(
-            f"final phase: {len(specs)} trials ({len(specs) - len(todo)} already finished) with {resources} each "
+            f"final phase: {len(specs)} trials ({len(specs) - len(todo)} already finished) with {_requests(specs, grid)} "
             f"on Ray ({cluster.get('CPU', 0):g} CPUs, {cluster.get('GPU', 0):g} GPUs) -> {out}"
         )
         if todo:
             run_trials(todo, grid, results, f"final-{stamp}", summary, echo, interrupt)
         summary.interrupted = interrupt.is_set()
         return summary
+
+
+def _requests(specs: list[dict[str, Any]], grid: Grid) -> str:
+    """The final trials' resources for the phase's banner: ``CPU=1 each`` when they all ask for the same, else
+    each distinct request with its trials' methods and models (the first few), e.g. ``per-trial resources
+    (2 distinct requests: CPU=1, GPU=0.1 for sgd/mlp, mc_dropout/mlp; CPU=4, GPU=1 for sgd/resnet50)``."""
+    pairs: dict[str, list[str]] = {}
+    for spec in specs:
+        who = pairs.setdefault(describe(request(spec["resources"])), [])
+        if f"{spec['label']}/{spec['model']}" not in who:
+            who.append(f"{spec['label']}/{spec['model']}")
+    if len(pairs) <= 1:
+        return f"{next(iter(pairs), describe(request(grid.resources)))} each"
+    shown = []
+    for need, who in list(pairs.items())[:4]:
+        more = f" and {len(who) - 3} more" if len(who) > 3 else ""
+        shown.append(f"{need} for {', '.join(who[:3])}{more}")
+    if len(pairs) > 4:
+        shown.append(f"{len(pairs) - 4} more")
+    return f"per-trial resources ({len(pairs)} distinct requests: {'; '.join(shown)})"

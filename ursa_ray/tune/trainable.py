@@ -22,6 +22,7 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,24 @@ from ray import tune
 
 _worker_warm = False
 """Whether this worker process has paid its one-off costs (:func:`ursa_ray.trial.warm_up_worker`)."""
+
+
+def request(resources: Mapping[str, Any]) -> dict[str, float]:
+    """What Ray is asked for by a trial whose spec has ``resources`` ({cpu, gpu, custom}, as in
+    ``spec["resources"]``): {"CPU": ..., "GPU": ..., custom...}, amounts of zero left out."""
+    need = {"CPU": float(resources["cpu"]), "GPU": float(resources["gpu"])}
+    need.update({k: float(v) for k, v in resources["custom"].items()})
+    return {k: v for k, v in need.items() if v > 0}
+
+
+def placement(config: dict[str, Any]) -> tune.PlacementGroupFactory:
+    """A Tune trial's own request, from its config (``tune.with_resources`` calls it for each trial): a final
+    trial's seeds (``config["specs"]``, one cell: one request) or a search trial's ``config["spec"]``.
+
+    It lives here, beside the trainable, because Tune pickles it with the trainable: a worker unpickling it
+    imports this light module only (not the grid's, which imports torch before the trial's timed warm-up)."""
+    spec = config["specs"][0] if "specs" in config else config["spec"]
+    return tune.PlacementGroupFactory([request(spec["resources"])])
 
 
 def search_trial_spec(spec: dict[str, Any], hp: dict[str, Any], tune_trial_id: str) -> dict[str, Any]:
@@ -69,6 +88,7 @@ def run_ursa_trial(param: dict[str, Any]) -> None:
         tune.report({"status": "running", "n_samples": n_samples, **values, **cost})
 
     outcomes = _run(specs, progress if specs[0]["phase"] == "search" else None)
+    gpu_ids = assigned_gpu_ids()
     cpu_s = (time.process_time() - started_cpu) / len(specs)  # a batched trial's CPU time, split evenly
     with tempfile.TemporaryDirectory(prefix="ursa-") as folder:
         for i, (record, files) in enumerate(outcomes):
@@ -80,6 +100,7 @@ def run_ursa_trial(param: dict[str, Any]) -> None:
                     "node_id": ray.get_runtime_context().get_node_id(),
                     "worker_pid": os.getpid(),  # the worker process: its first trial alone carries worker_setup_s
                     "seeds_in_trial": len(specs),
+                    "gpu_ids": gpu_ids,
                 }
             )
             _write_outcome(Path(folder) / str(i), record, files)
@@ -88,6 +109,14 @@ def run_ursa_trial(param: dict[str, Any]) -> None:
             {"status": outcomes[0][0]["status"], **selection, "cpu_s": cpu_s},
             checkpoint=tune.Checkpoint.from_directory(folder),
         )
+
+
+def assigned_gpu_ids() -> str:
+    """The GPUs Ray assigned this trial's worker, as a JSON list (``"[0]"``), or "" when it has none.  A trial
+    asking for a share of a GPU (``gpu: 0.25``) gets that GPU's id too; the trial uses it only when torch can
+    see a GPU (:func:`ursa_ray.trial.pick_device`)."""
+    ids = ray.get_gpu_ids()
+    return json.dumps([int(i) if str(i).isdigit() else str(i) for i in ids]) if ids else ""
 
 
 def _run(specs: list[dict[str, Any]], progress: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:

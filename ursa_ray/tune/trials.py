@@ -24,7 +24,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,12 +33,15 @@ import pandas as pd
 
 import ray
 from ray import cloudpickle, tune
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import FIFOScheduler
 from ray.tune.search import Searcher
 from ray.tune.stopper import NoopStopper
 
 from ursa_ray.grid import Grid, GridError
 from ursa_ray.results import ResultsDirectory, transfer_examples_location
-from ursa_ray.tune.trainable import run_ursa_trial, search_trial_spec
+from ursa_ray.tune.progress import Progress
+from ursa_ray.tune.trainable import placement, request, run_ursa_trial, search_trial_spec
 
 Echo = Callable[[str], None]
 
@@ -55,10 +58,22 @@ def connect(address: str | None) -> None:
         ray.init(address="local", object_store_memory=256 * 1024**2, **common)
 
 
-def trial_resources(grid: Grid) -> dict[str, float]:
-    need = {"CPU": float(grid.resources["cpu"]), "GPU": float(grid.resources["gpu"])}
-    need.update({k: float(v) for k, v in grid.resources["custom"].items()})
-    return {k: v for k, v in need.items() if v > 0}
+def grid_requests(grid: Grid) -> dict[tuple[tuple[str, float], ...], list[tuple[str, str]]]:
+    """Every distinct request of the grid's trials (both phases: a cell's search and final trials ask for the
+    same), as sorted (resource, amount) pairs, each with the (method label, model) pairs that ask for it."""
+    out: dict[tuple[tuple[str, float], ...], list[tuple[str, str]]] = {}
+    for cell in grid.cells():
+        method, model = cell["method"], cell["model"]
+        key = tuple(sorted(request(grid.resources_for(method, model)).items()))
+        pairs = out.setdefault(key, [])
+        if (method.label, model.name) not in pairs:
+            pairs.append((method.label, model.name))
+    return out
+
+
+def describe(need: Mapping[str, float]) -> str:
+    """A request as ``CPU=1, GPU=0.25``."""
+    return ", ".join(f"{k}={v:g}" for k, v in need.items())
 
 
 # Written by the cluster launcher (`ray up`) on the head node: the node types its autoscaler may add.
@@ -91,21 +106,34 @@ def launchable_node_resources() -> list[dict[str, float]]:
 
 
 def check_cluster_fits(grid: Grid) -> None:
-    """GridError when no alive node (nor any node type the autoscaler may add) has the resources one trial asks
-    for (Ray would wait forever)."""
-    need = trial_resources(grid)
+    """GridError when no alive node (nor any node type the autoscaler may add) has the resources that some
+    trial of the grid asks for (Ray would wait forever), checked for each distinct request
+    (:func:`grid_requests`).  The one-line message names the method and model asking for it, or says "each
+    trial" when every trial of the grid asks for the same."""
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")] + launchable_node_resources()
-    if any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
-        return
-    offered = "; ".join(
-        ", ".join(f"{k}={v:g}" for k, v in sorted(node.items()) if k in ("CPU", "GPU") or k in need) for node in nodes
-    )
-    short = {k: v for k, v in need.items() if not any(node.get(k, 0.0) >= v for node in nodes)}
-    which = ", ".join(f"{k}={v:g}" for k, v in short.items()) or ", ".join(f"{k}={v:g}" for k, v in need.items())
-    raise GridError(
-        f"{grid.path}: resources: each trial asks for {which}, which no node of the Ray cluster has "
-        f"(nodes offer: {offered or 'nothing'})"
-    )
+    requests = grid_requests(grid)
+    for key, pairs in requests.items():
+        need = dict(key)
+        if any(all(node.get(k, 0.0) >= v for k, v in need.items()) for node in nodes):
+            continue
+        offered = "; ".join(
+            ", ".join(f"{k}={v:g}" for k, v in sorted(node.items()) if k in ("CPU", "GPU") or k in need)
+            for node in nodes
+        )
+        short = {k: v for k, v in need.items() if not any(node.get(k, 0.0) >= v for node in nodes)}
+        which = describe(short) or describe(need)
+        if len(requests) == 1:
+            who = "each trial"
+        else:
+            label, model = pairs[0]
+            others = len(pairs) - 1
+            who = f"method {label!r} on model {model!r}" + (
+                f" (and {others} other method/model pair{'s' if others > 1 else ''})" if others else ""
+            )
+        raise GridError(
+            f"{grid.path}: resources: {who} asks for {which}, which no node of the Ray cluster has "
+            f"(nodes offer: {offered or 'nothing'})"
+        )
 
 
 @dataclass
@@ -231,7 +259,8 @@ class RunStopper(tune.Stopper):
 
 
 class ResultsCallback(tune.Callback):
-    """Writes each trial's rows when Tune reports it finished or errored, and prints one line per trial.
+    """Writes each trial's rows when Tune reports it finished or errored, and tells the run's
+    :class:`~ursa_ray.tune.progress.Progress` (``echo`` when it is one; else one line per trial to ``echo``).
 
     Trials still running when the experiment ends are settled in :meth:`on_experiment_end`: cut short by a
     search's compute budget, they are recorded as early_stopped with the compute they used; stopped by Ctrl-C,
@@ -240,31 +269,46 @@ class ResultsCallback(tune.Callback):
     def __init__(
         self,
         results: ResultsDirectory,
-        resources: dict[str, float],
         summary: RunSummary,
         echo: Echo,
         total: int | None,
         stopper: RunStopper | None = None,
     ):
         self.results = results
-        self.resources = resources
         self.summary = summary
         self.echo = echo
+        self.progress = echo if isinstance(echo, Progress) else Progress(echo)
         self.total = total
         self.stopper = stopper
         self.started: dict[str, float] = {}
+        self.running: dict[str, tuple[float, float, float]] = {}  # not yet recorded: (started, CPUs, GPUs)
         self.recorded: set[str] = set()
         self.reserved_recorded = (0.0, 0.0)  # reserved CPU- and GPU-seconds of the trials recorded so far
         self.done = 0
 
     def reserved(self, now: float) -> tuple[float, float]:
-        """Reserved CPU- and GPU-seconds of this experiment's trials: those recorded plus those running until ``now``."""
-        running = sum(max(0.0, now - t) for tid, t in self.started.items() if tid not in self.recorded)
+        """Reserved CPU- and GPU-seconds of this experiment's trials: those recorded plus those running until
+        ``now``, each at its own request (a sum over the running trials only)."""
         cpu, gpu = self.reserved_recorded
-        return cpu + self.resources.get("CPU", 0.0) * running, gpu + self.resources.get("GPU", 0.0) * running
+        for started, n_cpus, n_gpus in self.running.values():
+            cpu += n_cpus * max(0.0, now - started)
+            gpu += n_gpus * max(0.0, now - started)
+        return cpu, gpu
+
+    def setup(self, **info: Any) -> None:
+        self.progress.begin(self.total)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.started.setdefault(trial.trial_id, time.time())
+        specs = trial_specs(trial)
+        if trial.trial_id not in self.started:  # not again when a failed trial is retried
+            self.progress.trial_started(len(specs), specs[0]["phase"])
+        started = self.started.setdefault(trial.trial_id, time.time())
+        if trial.trial_id not in self.recorded:
+            need = request(specs[0]["resources"])
+            self.running[trial.trial_id] = (started, need.get("CPU", 0.0), need.get("GPU", 0.0))
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        self.progress.tick()
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._record(trial, error=None)
@@ -289,6 +333,7 @@ class ResultsCallback(tune.Callback):
                 self._record(trial, error=None, stopped_at=stopper.stopped_at, why=f"cut short by the search's {budget}")
             elif trial.config.get("hp"):  # a search trial stopped by Ctrl-C (final ones count in RunSummary.incomplete)
                 self.summary.unfinished_search += 1
+        self.progress.end()
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """The trial's worker (or its node) died and Tune retries it (``max_failures`` in the grid)."""
@@ -322,7 +367,8 @@ class ResultsCallback(tune.Callback):
         else:
             outcomes = [self._unfinished_outcome(spec, error, last, why) for spec in specs]
         selection = {k: float(v) for k, v in last.items() if k.startswith("val_") and isinstance(v, (int, float))}
-        n_cpus, n_gpus = self.resources.get("CPU", 0.0), self.resources.get("GPU", 0.0)
+        need = request(specs[0]["resources"])  # the trial's own request (all its seeds are one cell's)
+        n_cpus, n_gpus = need.get("CPU", 0.0), need.get("GPU", 0.0)
         rows = []
         for spec, (status, record, metrics, points, predictions) in zip(specs, outcomes, strict=True):
             row = {
@@ -347,6 +393,7 @@ class ResultsCallback(tune.Callback):
                 "reserved_gpu_s": n_gpus * wall,
                 "n_cpus": n_cpus,
                 "n_gpus": n_gpus,
+                "gpu_ids": record.get("gpu_ids", "") or "",
                 "seeds_in_trial": len(specs),
                 "node": record.get("node") or (trial.node_ip or ""),
                 "selection": json.dumps(selection, sort_keys=True),
@@ -359,6 +406,7 @@ class ResultsCallback(tune.Callback):
             for _, _, row, metrics, points, predictions in rows:
                 self.results.add(row, metrics, points, predictions)
             self.recorded.add(trial.trial_id)
+            self.running.pop(trial.trial_id, None)
         for spec, status, row, metrics, _, _ in rows:
             cpu, gpu = self.reserved_recorded
             self.reserved_recorded = (cpu + row["reserved_cpu_s"], gpu + row["reserved_gpu_s"])
@@ -372,7 +420,7 @@ class ResultsCallback(tune.Callback):
                 self.summary.failed.append((spec["trial_id"], row["error"]))
                 if spec["phase"] == "search":
                     self.summary.search_failed.append(spec["trial_id"])
-            self.echo(_progress_line(self.done, self.total, spec, status, row, metrics))
+            self.progress.trial_recorded(status, _progress_line(self.done, self.total, spec, status, row, metrics))
 
     def _read_outcome(self, folder: Path, spec: dict[str, Any]) -> tuple:
         """(status, record, metrics, points, predictions) of one seed from its checkpoint folder; a transfer
@@ -443,13 +491,18 @@ def _progress_line(done: int, total: int | None, spec: dict[str, Any], status: s
 
 def seed_groups(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """The final phase's Tune trials: ``specs`` grouped into runs of up to ``spec["vectorize_seeds"]`` seeds
-    of one cell and configuration (a batched computation, see :func:`ursa_ray.trial.run_trials_batched`),
+    of one cell, configuration and resource request (a batched computation, see
+    :func:`ursa_ray.trial.run_trials_batched`; the Tune trial asks for one seed's ``resources``),
     in the order of each group's first seed; a spec with ``vectorize_seeds`` 1 is a trial of its own."""
     groups: dict[str, list[list[dict[str, Any]]]] = {}
     order: list[list[dict[str, Any]]] = []
     for spec in specs:
         size = int(spec.get("vectorize_seeds", 1))
-        key = json.dumps([spec["cell"], spec["config"], spec.get("transfer_source", False)], sort_keys=True, default=str)
+        key = json.dumps(
+            [spec["cell"], spec["config"], spec.get("transfer_source", False), spec["resources"]],
+            sort_keys=True,
+            default=str,
+        )
         open_groups = groups.setdefault(key, [])
         if size > 1 and open_groups and len(open_groups[-1]) < size:
             open_groups[-1].append(spec)
@@ -508,6 +561,37 @@ class SpecQueue(Searcher):
         self._unfinished_sources.difference_update(self._running.pop(trial_id, []))
 
 
+class LiveFIFOScheduler(FIFOScheduler):
+    """Tune's first-in-first-out scheduler without its scan of every trial at every step.
+
+    Tune asks the scheduler which trial to start at every step of its loop (several steps per trial), and
+    ``FIFOScheduler`` answers by scanning every trial of the experiment, finished ones included, for the first
+    pending one (then for a paused one): the driver's time per trial grew with the trials already run.  This
+    one keeps the trials not yet finished, in the order Tune added them (a retried trial goes last, as Tune
+    moves it to the end of its list), and drops a finished one when it meets it: the same choice, in time
+    that depends on the trials alive (running, pending) only.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._alive: dict[Trial, None] = {}  # insertion-ordered
+
+    def on_trial_add(self, tune_controller: Any, trial: Trial) -> None:
+        self._alive.pop(trial, None)
+        self._alive[trial] = None
+
+    def choose_trial_to_run(self, tune_controller: Any) -> Trial | None:
+        paused = None
+        for trial in list(self._alive):
+            if trial.status in (Trial.TERMINATED, Trial.ERROR):
+                del self._alive[trial]
+            elif trial.status == Trial.PENDING:
+                return trial
+            elif paused is None and trial.status == Trial.PAUSED:
+                paused = trial
+        return paused
+
+
 def run_trials(
     specs: list[dict[str, Any]],
     grid: Grid,
@@ -525,12 +609,16 @@ def run_trials(
     (:func:`seed_groups`, handed out by :class:`SpecQueue`), or a search given
     ``param_space`` (``total`` trials at most, shown in the progress lines; ``budget``, a
     :class:`~ursa_ray.tune.search.ComputeBudget`, ends it early).  Returns the stopper, whose ``reason`` says
-    whether Ctrl-C or the budget ended the experiment."""
-    resources = trial_resources(grid)
+    whether Ctrl-C or the budget ended the experiment.
+
+    What Tune does in the driver per trial does not grow with the trials run so far (docs/performance.md, "The
+    driver on large grids"): the final phase's trials come from :class:`SpecQueue` and are chosen by
+    :class:`LiveFIFOScheduler`, and Tune snapshots its experiment state every 10 minutes
+    (``TUNE_GLOBAL_CHECKPOINT_S``, set in :mod:`ursa_ray.tune`), not every 10 s."""
     stopper = RunStopper(interrupt or Interrupt(), echo, budget)
-    callback = ResultsCallback(results, resources, summary, echo, len(specs) if param_space is None else total, stopper)
+    callback = ResultsCallback(results, summary, echo, len(specs) if param_space is None else total, stopper)
     stopper.callback = callback
-    trainable = tune.with_resources(run_ursa_trial, tune.PlacementGroupFactory([resources]))
+    trainable = tune.with_resources(run_ursa_trial, placement)  # each trial's own request, from its config
     if param_space is None:
         param_space = {}
         groups = seed_groups(specs)
@@ -539,9 +627,33 @@ def run_trials(
             num_samples=len(groups),
             reuse_actors=True,
             max_concurrent_trials=grid.max_concurrent_trials,
+            scheduler=LiveFIFOScheduler(),
             trial_dirname_creator=lambda t: t.config["specs"][0]["trial_id"][:80],
         )
     storage = results.location / "ray"  # checkpoints: a local folder, or the same object store as the results
+    with _pending_trials(param_space):
+        _fit(trainable, param_space, tune_config, experiment, storage, callback, grid, stopper)
+    return stopper
+
+
+@contextlib.contextmanager
+def _pending_trials(param_space: dict[str, Any]) -> Iterator[None]:
+    """Let Tune keep as many final-phase trials pending (placement groups requested, workers starting) as it
+    does for a grid search, ``max(200, 1.1 × cluster CPUs)``: with a searcher of its own (:class:`SpecQueue`)
+    Tune keeps one, so workers would start one after another and short trials run one at a time however many
+    fit.  ``TUNE_MAX_PENDING_TRIALS_PG`` set by the user wins; the search phase keeps Tune's choice."""
+    if param_space or "TUNE_MAX_PENDING_TRIALS_PG" in os.environ:
+        yield
+        return
+    os.environ["TUNE_MAX_PENDING_TRIALS_PG"] = str(max(200, int(1.1 * ray.cluster_resources().get("CPU", 1.0))))
+    try:
+        yield
+    finally:
+        os.environ.pop("TUNE_MAX_PENDING_TRIALS_PG", None)
+
+
+def _fit(trainable: Any, param_space: dict[str, Any], tune_config: Any, experiment: str, storage: Any,
+         callback: ResultsCallback, grid: Grid, stopper: RunStopper) -> None:
     tuner = tune.Tuner(
         trainable,
         param_space=param_space,
@@ -557,4 +669,3 @@ def run_trials(
         ),
     )
     tuner.fit()
-    return stopper
