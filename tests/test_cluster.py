@@ -10,6 +10,7 @@ the test session's own included).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -260,13 +262,18 @@ class LocalCluster:
 @pytest.fixture(scope="module")
 def cluster():
     assert Path(RAY).exists(), f"the `ray` command (installed with ray) is missing: {RAY}"
-    local = LocalCluster()
+    with _started(LocalCluster(), "test cluster") as local:
+        yield local
+
+
+@contextlib.contextmanager
+def _started(local: LocalCluster, what: str) -> Iterator[LocalCluster]:
     try:
         local.start()
         yield local
     finally:
         left = local.stop()
-        assert not left, f"processes of the test cluster still running: {left}"
+        assert not left, f"processes of the {what} still running: {left}"
 
 
 def _write_grid(folder: Path, name: str, **changes) -> Path:
@@ -450,13 +457,8 @@ def gpu_cluster():
     Four CPUs: a node starts as many worker processes at once as it has CPUs.  With a searcher of its own
     (the final phase's SpecQueue) Tune keeps one trial pending unless told otherwise, so workers would start
     one by one and the four GPU shares would not overlap; ``run_trials`` tells it (``_pending_trials``)."""
-    local = LocalCluster(num_cpus=4, num_gpus=1, second_node=False, dashboard=False)
-    try:
-        local.start()
+    with _started(LocalCluster(num_cpus=4, num_gpus=1, second_node=False, dashboard=False), "GPU test cluster") as local:
         yield local
-    finally:
-        left = local.stop()
-        assert not left, f"processes of the GPU test cluster still running: {left}"
 
 
 def test_gpu_shares_pack_onto_one_gpu_and_a_whole_gpu_runs_alone(gpu_cluster, tmp_path):
