@@ -122,18 +122,32 @@ def test_compact_merges_parts_and_no_reader_sees_a_difference(tmp_path):
     assert len(_check_readers_agree(tmp_path)["trials"]) == 15
 
 
+def test_compact_reads_parts_a_few_at_a_time_and_rolls_its_merged_parts(tmp_path, monkeypatch):
+    _fill(tmp_path, failed=())
+    before = _check_readers_agree(tmp_path)
+    monkeypatch.setattr(results_module, "PARTS_PER_READ", 5)  # 12 trial parts: read in batches of 5, 5 and 2
+    monkeypatch.setattr(results_module, "ROWS_PER_COMPACTED_PART", 10)
+    report = ResultsDirectory(tmp_path).compact()
+    assert report["trials"] == (12, 2)  # batches of 5, 5 and 2 rows: 10 in the first merged part, 2 in the next
+    assert report["metrics"] == (12, 3)  # batches of 15, 15 and 6 rows: a batch over the limit is a part of its own
+    _check_readers_agree(tmp_path, before)
+
+
 @pytest.mark.parametrize("where", ["building the merged folder", "after swapping, before removing the old folder"])
 def test_an_interrupted_compact_changes_no_reader_view_and_the_next_one_finishes(tmp_path, monkeypatch, where):
     results = _fill(tmp_path)
     before = _check_readers_agree(tmp_path)
     if where == "building the merged folder":
-        real = pq.write_table
+        real, writes = pq.ParquetWriter.write_table, []
 
-        def interrupted(*args, **kwargs):
-            real(*args, **kwargs)
-            raise KeyboardInterrupt  # Ctrl-C after the first merged part is written
+        def interrupted(self, *args, **kwargs):
+            real(self, *args, **kwargs)
+            writes.append(1)
+            if len(writes) == 3:
+                raise KeyboardInterrupt  # Ctrl-C after some parts are merged
 
-        monkeypatch.setattr(results_module.pq, "write_table", interrupted)
+        monkeypatch.setattr(results_module, "PARTS_PER_READ", 2)
+        monkeypatch.setattr(results_module.pq.ParquetWriter, "write_table", interrupted)
     else:
         monkeypatch.setattr(results_module.shutil, "rmtree", lambda path: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):

@@ -45,7 +45,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -262,13 +262,13 @@ class ResultsDirectory:
         folder = self.folder(name)
         if not folder.exists():
             return SCHEMAS[name].empty_table().select(columns or SCHEMAS[name].names).to_pandas()
-        return _dataset(folder, name).to_table(columns=columns).to_pandas()
+        return pa.concat_tables(_batches(folder, name, columns)).to_pandas()
 
     def trials(self) -> pd.DataFrame:
         """The trials table, including the rows this object added (read from disk once, then kept up to date)."""
         if self._trials is None:
-            self._trials = _dataset(self.folder("trials"), "trials").to_table() if self.folder("trials").exists() \
-                else TRIAL_SCHEMA.empty_table()
+            folder = self.folder("trials")
+            self._trials = pa.concat_tables(_batches(folder, "trials")) if folder.exists() else TRIAL_SCHEMA.empty_table()
         if self._added_trials:
             replaced = pa.array(list(self._added_trials), pa.string())
             kept = self._trials.filter(pa.compute.invert(pa.compute.is_in(self._trials["trial_id"], replaced)))
@@ -350,16 +350,25 @@ class ResultsDirectory:
                 report[name] = (len(parts), len(parts))
                 continue
             version = self._new_version(name)
-            table = pads.dataset([str(p) for p in merged], schema=SCHEMAS[name], format="parquet").to_table()
-            first = 1 + max((int(p.stem[len(COMPACTED):]) for p in done), default=-1)
-            starts = range(0, table.num_rows, ROWS_PER_COMPACTED_PART)
-            for i, start in enumerate(starts, start=first):
-                pq.write_table(table.slice(start, ROWS_PER_COMPACTED_PART), version / f"{COMPACTED}{i:05d}.parquet")
+            index = max((int(p.stem[len(COMPACTED):]) for p in done), default=-1)
+            writer, rows, written = None, 0, 0
+            for batch in _batches(self.folder(name), name, files=[str(p) for p in merged]):
+                if batch.num_rows == 0:
+                    continue
+                if writer is None or rows + batch.num_rows > ROWS_PER_COMPACTED_PART:
+                    if writer is not None:
+                        writer.close()
+                    index, rows, written = index + 1, 0, written + 1
+                    writer = pq.ParquetWriter(version / f"{COMPACTED}{index:05d}.parquet", SCHEMAS[name])
+                writer.write_table(batch)
+                rows += batch.num_rows
+            if writer is not None:
+                writer.close()
             for part in done + kept:
                 os.link(part, version / part.name)
             _point(link, version)
             shutil.rmtree(current)
-            report[name] = (len(parts), len(done) + len(starts) + len(kept))
+            report[name] = (len(parts), len(done) + written + len(kept))
         self._compacted = {}
         return report
 
@@ -374,14 +383,14 @@ class ResultsDirectory:
             if not link.is_symlink():
                 version = self._new_version(name)
                 if link.exists():  # one file, or a folder of parts: merged with the table's schema
-                    pq.write_table(_dataset(folder, name).to_table(), version / f"{COMPACTED}00000.parquet")
+                    pq.write_table(pa.concat_tables(_batches(folder, name)), version / f"{COMPACTED}00000.parquet")
                 aside = link.with_name(f".{link.name}.old")
                 if link.is_dir():
                     os.replace(link, aside)  # a folder cannot be renamed over: moved aside, then replaced
                 _point(link, version)
                 shutil.rmtree(aside, ignore_errors=True)
         elif folder.fs.get_file_info(folder.path).type == pafs.FileType.File:  # an older single-file table
-            old = _dataset(folder, name).to_table()
+            old = pa.concat_tables(_batches(folder, name))
             folder.delete()
             (folder / f"{COMPACTED}00000.parquet").write_parquet(old)
         self._ready.add(name)
@@ -421,9 +430,24 @@ class ResultsDirectory:
         return self.location.local_path / VERSIONS if self.location.is_local else None
 
 
-def _dataset(folder: Location, name: str) -> pads.Dataset:
-    """The table at ``folder`` (a dataset folder, or an older single file) read with its schema."""
-    return pads.dataset(folder.path, filesystem=folder.fs, schema=SCHEMAS[name], format="parquet")
+PARTS_PER_READ = 1_000  # reading every part of a large table as one dataset holds ~50 KB a part in memory
+
+
+def _batches(
+    folder: Location, name: str, columns: list[str] | None = None, files: list[str] | None = None
+) -> Iterator[pa.Table]:
+    """The ``name`` table at ``folder`` (a dataset folder, or an older single file), or only its part
+    ``files``, with the table's schema, read :data:`PARTS_PER_READ` parts at a time (at least one table)."""
+    if files is None:
+        if folder.fs.get_file_info(folder.path).type == pafs.FileType.File:
+            files = [folder.path]
+        else:
+            infos = folder.fs.get_file_info(pafs.FileSelector(folder.path))
+            files = sorted(i.path for i in infos if i.base_name.endswith(".parquet") and not i.base_name.startswith((".", "_")))
+    yield SCHEMAS[name].empty_table().select(columns or SCHEMAS[name].names)
+    for start in range(0, len(files), PARTS_PER_READ):
+        some = pads.dataset(files[start:start + PARTS_PER_READ], filesystem=folder.fs, schema=SCHEMAS[name], format="parquet")
+        yield some.to_table(columns=columns)
 
 
 def _point(link: Path, target: Path) -> None:
