@@ -207,8 +207,8 @@ def test_first_trial_of_each_worker_records_its_warm_up(tiny_run):
     assert tune_trials == 3 * 2  # 3 methods × 2 datasets, each cell's 2 seeds batched into one trial
     processes = trials["worker_pid"].nunique()
     # one CPU per trial on a 2-CPU Ray: at most two worker processes, each reused for several of the 6
-    # trials (without reuse every trial would start a process of its own, and warm up again)
-    assert 1 <= processes <= 2
+    # trials (without reuse every trial would start a process of its own, and warm up again: 6 processes)
+    assert processes <= 2
     # the first row of a worker: its first Ray Tune trial (seeds of a batched trial share its start), and in
     # that trial the first seed, which carries the warm-up
     first = trials.sort_values(["started_at", "seed"], kind="stable").groupby("worker_pid").head(1)
