@@ -631,8 +631,22 @@ def run_trials(
             trial_dirname_creator=lambda t: t.config["specs"][0]["trial_id"][:80],
         )
     storage = results.location / "ray"  # checkpoints: a local folder, or the same object store as the results
+    tuner = tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune_config,
+        run_config=tune.RunConfig(
+            name=experiment,
+            storage_path=storage.path,
+            storage_filesystem=None if storage.is_local else storage.fs,  # endpoint etc. from the --out URI
+            verbose=0,
+            callbacks=[callback],
+            failure_config=tune.FailureConfig(max_failures=grid.max_failures),
+            stop=stopper,
+        ),
+    )
     with _pending_trials(param_space):
-        _fit(trainable, param_space, tune_config, experiment, storage, callback, grid, stopper)
+        tuner.fit()
     return stopper
 
 
@@ -651,21 +665,3 @@ def _pending_trials(param_space: dict[str, Any]) -> Iterator[None]:
     finally:
         os.environ.pop("TUNE_MAX_PENDING_TRIALS_PG", None)
 
-
-def _fit(trainable: Any, param_space: dict[str, Any], tune_config: Any, experiment: str, storage: Any,
-         callback: ResultsCallback, grid: Grid, stopper: RunStopper) -> None:
-    tuner = tune.Tuner(
-        trainable,
-        param_space=param_space,
-        tune_config=tune_config,
-        run_config=tune.RunConfig(
-            name=experiment,
-            storage_path=storage.path,
-            storage_filesystem=None if storage.is_local else storage.fs,  # endpoint etc. from the --out URI
-            verbose=0,
-            callbacks=[callback],
-            failure_config=tune.FailureConfig(max_failures=grid.max_failures),
-            stop=stopper,
-        ),
-    )
-    tuner.fit()
