@@ -11,12 +11,15 @@ rotated every repeat).  Printed: the ratio of best times and the median of the p
 * A 5-member deep ensemble of the digits MLP 64-200-200-10 (batched members against one member after
   another).  Target ≥ 2.5×.
 * 8 SGLD chains on the digits MLP (``n_chains: 8`` against 8 single chains).  Target ≥ 3×.
+* Seeds of one digits cell (``--seeds swag,swa,pca_ess,laplace,bdk,gped``): 8 seeds through a method's batched
+  stream against its stream run once per seed, at the quickstart's settings.  No target.
 * The regression grid end to end (``--grid SLICE_DIR``): the results of one complete slice of
   grids/regression.yaml (every method, E.1 at complexity 2, 50 repetitions batched, run by ``ursa-ray run``)
   give each method's batched CPU seconds per seed; the same trials run alone here give the unbatched
   cost; both projected to the whole grid (see :func:`grid_projection`).
 
     python benchmarks/bench_vectorised.py [--quick]
+    python benchmarks/bench_vectorised.py --skip-ratios --seeds swag,swa,pca_ess,laplace,bdk,gped
     ursa-ray run grids/regression_e1_slice.yaml --out results/e1_slice    # ~40 min on 2 cores
     python benchmarks/bench_vectorised.py --grid results/e1_slice --skip-ratios
 """
@@ -147,6 +150,36 @@ def chains_comparison(chains: int, epochs: int, repeats: int) -> None:
     print(f"  alone ÷ the batched run's matmul floor (the most batching could save): {min(times['alone']) / floor:.2f}")
 
 
+QUICKSTART_SETTINGS = {  # grids/quickstart.yaml's settings of the methods batched since the first build
+    "swag": {"epochs": 10, "swa_epochs": 10, "swa_lr": 0.01, "rank": 10},
+    "swa": {"epochs": 10, "swa_epochs": 10, "swa_lr": 0.01},
+    "pca_ess": {"epochs": 10, "swa_epochs": 10, "swa_lr": 0.01, "rank": 10},
+    "laplace": {"lr": 0.05},
+    "bdk": {"lr": 0.1, "prior_std": 0.17, "epochs": 20, "burn_in_epochs": 5},
+    "gped": {"lr": 0.1, "prior_std": 0.17, "epochs": 20, "burn_in_epochs": 5},
+}
+
+
+def seeds_comparison(seeds: int, repeats: int, names: list[str]) -> None:
+    """``seeds`` seeds of one digits cell, each method's batched stream against its stream run once per seed
+    (training and sampling; no evaluation), at the quickstart's settings."""
+    print(f"seeds of one cell, digits MLP 64-200-200-10, {seeds} seeds (quickstart settings, sampling included):")
+    for name in names:
+        method = get_method(name)
+        config = resolve_config(method, QUICKSTART_SETTINGS[name])
+
+        def one_after_another() -> None:
+            for seed in range(seeds):
+                list(method.sample_posterior(digits_problem(seed), config, {}))
+
+        def batched() -> None:
+            problems = [digits_problem(seed) for seed in range(seeds)]
+            list(method.sample_posterior_batched(problems, config, [{} for _ in problems]))
+
+        times = interleaved({"alone": one_after_another, "batched": batched}, repeats)
+        print(ratio_line(f"{name}: {seeds} seeds alone ÷ batched", times["alone"], times["batched"], "none"))
+
+
 def grid_projection(slice_dir: str, alone_seeds: int) -> None:
     """The regression grid's CPU-hours alone and batched, from measured full-length per-trial costs.
 
@@ -197,6 +230,8 @@ def main() -> None:
                         "the results of a complete E.1 slice (see grid_projection)")
     parser.add_argument("--skip-ratios", action="store_true", help="only the --grid projection")
     parser.add_argument("--alone-seeds", type=int, default=2, help="trials per method run alone for --grid")
+    parser.add_argument("--seeds", metavar="METHODS", help="also compare 8 batched seeds against 8 alone for "
+                        f"these methods (comma-separated, of {','.join(QUICKSTART_SETTINGS)})")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)  # as the trials run (ursa_ray/tune/trainable.py)
@@ -205,6 +240,8 @@ def main() -> None:
         e1_comparison(50, 5 if args.quick else 20, repeats)
         ensemble_comparison(5, 3 if args.quick else 20, repeats)
         chains_comparison(8, 4 if args.quick else 20, repeats)
+    if args.seeds:
+        seeds_comparison(8, repeats, args.seeds.split(","))
     if args.grid:
         grid_projection(args.grid, args.alone_seeds)
 

@@ -13,6 +13,9 @@ in distribution, at the paper's named points and out of distribution; ``plot`` d
     python benchmarks/regression_findings.py run --labels bd --set bd.p=0.01 --tag p0.01 --out /tmp/findings.parquet
     python benchmarks/regression_findings.py run --labels bd --noise-std 0.5 --tag noise0.5 --out /tmp/findings.parquet
     python benchmarks/regression_findings.py summary /tmp/findings.parquet
+    # the k = 50 sweep over complexity, from an ursa-ray run:
+    ursa-ray run grids/regression_e1_sweep.yaml --out results/e1_sweep
+    python benchmarks/regression_findings.py summary results/e1_sweep
     python benchmarks/regression_findings.py plot /tmp/findings.parquet --tag grid --complexity 2 --png fig.png
 
 Rows are appended to ``--out`` (parquet), keyed by (tag, label, complexity, repetition); rerunning a key
@@ -152,8 +155,26 @@ def _table(points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def results_points(results_dir: str, tag: str) -> pd.DataFrame:
+    """The points of an ``ursa-ray run`` results directory in this script's layout: every method's rows
+    with ``label`` its grid label, and the anchor's shared rows (method ``blr``) repeated under each label."""
+    from ursa_ray.results import ResultsDirectory
+
+    points = ResultsDirectory(results_dir).read("points")
+    points["x"] = [float(v[0]) for v in points["x"]]
+    points["tag"] = tag
+    methods = points[points["method"] != "blr"].copy()
+    methods["label"] = methods["method"]
+    anchor = points[points["method"] == "blr"]
+    frames = [methods]
+    for label in methods["label"].unique():
+        frames.append(anchor.assign(label=label))
+    return pd.concat(frames, ignore_index=True)
+
+
 def summary(args: argparse.Namespace) -> None:
-    t = _table(pd.read_parquet(args.path))
+    points = results_points(args.path, args.tag or "run") if Path(args.path).is_dir() else pd.read_parquet(args.path)
+    t = _table(points)
     if args.tag:
         t = t[t["tag"].isin(args.tag.split(","))]
     pd.set_option("display.width", 250, "display.max_columns", 40, "display.max_rows", 400)
@@ -236,7 +257,7 @@ def main() -> None:
     r.add_argument("--tag", default="grid")
     r.add_argument("--out", default="regression_findings.parquet")
     s = sub.add_parser("summary")
-    s.add_argument("path")
+    s.add_argument("path", help="a parquet file written by run, or an ursa-ray run's results directory")
     s.add_argument("--tag", default=None)
     pl = sub.add_parser("plot")
     pl.add_argument("path")

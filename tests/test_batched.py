@@ -47,6 +47,12 @@ def _metrics(outcome) -> dict:
         ("deep_ensemble", {"n_samples": 3, "bootstrap": True, "adversarial_epsilon": 0.02}),
         ("sgld", {"burn_in_epochs": 1, "n_samples": 4}),
         ("sghmc", {"burn_in_epochs": 1, "n_samples": 4, "n_chains": 2}),
+        ("swag", {"swa_epochs": 3, "rank": 2, "n_samples": 3}),
+        ("swa", {"swa_epochs": 2, "swa_collect_every": 5}),
+        ("pca_ess", {"swa_epochs": 3, "rank": 2, "n_samples": 3, "ess_burn_in": 1}),
+        ("laplace", {"n_samples": 3}),
+        ("bdk", {"burn_in_epochs": 1, "distill_every": 2}),
+        ("gped", {"burn_in_epochs": 1}),
     ],
 )
 def test_four_batched_seeds_give_each_seed_its_metrics_alone(method, hyperparameters):

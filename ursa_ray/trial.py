@@ -483,7 +483,8 @@ def run_trials_batched(specs: list[Mapping[str, Any]], device: torch.device | No
     gets the outcome it would alone (its own data, initialisation, random streams, evaluation), but the
     training is one computation.  The training seconds, like the trial's other shared costs, are split
     evenly over the trials (``seeds_in_trial`` says how many shared it).  The seeds run in chunks whose
-    copies (seeds × the method's ``batched_copies(config)``: ensemble members, chains) fit
+    copies (seeds × the method's ``batched_copies(config, model)``: ensemble members, chains, what it keeps
+    per seed) fit
     :data:`~ursa_ray.methods.batched.COPY_MEMORY_BUDGET` (:func:`~ursa_ray.methods.batched.max_copies`).
     A method without a batched stream, or a network too large to batch, runs the trials one after another."""
     first = TrialRun(specs[0], device, own_init_stream=True)
@@ -494,7 +495,7 @@ def run_trials_batched(specs: list[Mapping[str, Any]], device: torch.device | No
         return [run_trial(spec, device) for spec in specs]
     runs = [first] + [TrialRun(spec, device, own_init_stream=True) for spec in specs[1:]]
     config = specs[0]["config"]
-    copies_per_seed = method.batched_copies(config) if hasattr(method, "batched_copies") else 1
+    copies_per_seed = method.batched_copies(config, probe) if hasattr(method, "batched_copies") else 1
     batch = config.get("batch_size", runs[0].problem.n_train)  # full-batch methods (HMC) pass every example
     fit = max(1, batched.max_copies(probe, batch, math.prod(runs[0].ds.input_shape)) // copies_per_seed)
     outcomes = []

@@ -268,8 +268,10 @@ class Method(Protocol):
     # as one batched computation (:mod:`ursa_ray.methods.batched`); each item holds one predictor per
     # problem, the s-th sample of each problem's stream, and each stream must be what
     # ``sample_posterior`` would give that problem (up to float order, or in distribution where it draws
-    # from torch's global generator).  ``batched_copies(config) -> int``: networks per problem it trains
-    # side by side (ensemble members, chains), for the memory cap (default 1).
+    # from torch's global generator).  ``batched_copies(config, model) -> int``: the memory one problem's
+    # share of the batched run takes, in networks' training state (the unit of
+    # :func:`~ursa_ray.methods.batched.max_copies`): the networks it trains side by side (ensemble members,
+    # chains) plus what it keeps beside them (SWAG's moments, a Laplace posterior); default 1.
     # Optional: ``posterior_storage(sample, config, n_samples) -> StorageCount`` declares what the method
     # stores to represent its posterior at test time (:class:`StorageCount`); without it, S networks
     # (:func:`sample_networks_storage`).  :func:`posterior_storage_count` reads it.

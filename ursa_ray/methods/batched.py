@@ -132,12 +132,20 @@ class StackedNetworks:
         products, ``baddbmm`` per linear layer; any other network through ``vmap(functional_call)``.
         Both compute the same function; the first has less per-operation overhead (measured in
         ``benchmarks/bench_vectorised.py``)."""
-        params = self._leaves
         if self._layers is None:
-            return self._forward(params, x)
-        h = x
+            return self._forward(self._leaves, x)
+        return self.forward_with_features(x)[0]
+
+    def forward_with_features(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Outputs of every copy and the inputs of their output layer (the last ``nn.Linear``), (C, B, F):
+        the penultimate features.  Plain MLPs only (ValueError for a network ``vmap`` runs)."""
+        if self._layers is None:
+            raise ValueError("the features of batched copies are available for plain MLPs only")
+        params = self._leaves
+        h = features = x
         for name, layer in self._layers:
             if isinstance(layer, nn.Linear):
+                features = h
                 weight = params[f"{name}.weight"]
                 bias = params.get(f"{name}.bias")
                 if bias is None:
@@ -148,7 +156,7 @@ class StackedNetworks:
                 h = h.reshape(h.shape[0], h.shape[1], -1)
             else:  # ReLU, or Dropout: elementwise, so each copy gets its own mask
                 h = layer(h)
-        return h
+        return h, features
 
     def train(self, mode: bool = True) -> None:
         """Training (or evaluation) mode for every copy; the batched forward follows the template's mode."""

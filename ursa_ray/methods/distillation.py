@@ -33,11 +33,15 @@ mini-batch backward pass each), ``student_steps`` (one backward pass through the
 forward pass on x' is not a gradient evaluation), ``grad_evals`` = their sum, ``teacher_samples`` = the
 teacher samples distilled (= ``student_steps``), ``n_samples`` = 1.  At test time the student alone counts:
 one network's storage (plus the entropy head for ``gped``) and one forward pass per prediction.
+
+Batched (:mod:`~ursa_ray.methods.batched`): the seeds of a grid cell run their teacher chains
+(:class:`~ursa_ray.methods.sgmcmc.LangevinCopies`) and their students (:class:`StudentCopies`) as one
+computation each, every copy with the random streams it has alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -51,7 +55,8 @@ from ursa_ray.methods.base import (
     check_constraints,
     one_network_storage,
 )
-from ursa_ray.methods.sgmcmc import CHAIN_CONSTRAINTS, LangevinChain, _common, _steps_per_epoch
+from ursa_ray.methods.batched import CopyData, StackedNetworks
+from ursa_ray.methods.sgmcmc import CHAIN_CONSTRAINTS, LangevinChain, LangevinCopies, _common, _steps_per_epoch
 
 
 def _hyperparameters(distill_every: int) -> tuple[Hyperparameter, ...]:
@@ -115,7 +120,8 @@ class ExpectationStudent(nn.Module):
     """GPED's student: ``network`` (logits, the posterior-predictive head) and a second head on the output
     layer's inputs (the penultimate features φ(x)), h(x) = softplus(v·φ(x) + c), the expected entropy.
 
-    ``forward(x)`` returns the logits and ``distilled_expected_entropy(x)`` h(x), shape (n,); both run the
+    The head starts at v = 0, c = 0.  ``forward(x)`` returns the logits and ``distilled_expected_entropy(x)``
+    h(x), shape (n,); both run the
     whole student (both heads), so one forward pass, the one FLOPs are counted on, is the cost of a
     prediction.  An ``nn.Module`` whose parameters are the network's and the head's (storage, bit depths).
     """
@@ -124,7 +130,11 @@ class ExpectationStudent(nn.Module):
         super().__init__()
         self.network = network
         layer = output_layer(network)
-        self.entropy_head = nn.Linear(layer.in_features, 1).to(layer.weight.device)
+        # h starts at softplus(0) = log 2: no random draw, so the teacher built next gets the initialisation
+        # it would get without the head, batched or not
+        self.entropy_head = nn.utils.skip_init(nn.Linear, layer.in_features, 1, device=layer.weight.device)
+        nn.init.zeros_(self.entropy_head.weight)
+        nn.init.zeros_(self.entropy_head.bias)
         self._features: Tensor | None = None
         layer.register_forward_hook(self._keep_features)
 
@@ -245,6 +255,79 @@ def interleaved_distillation(
     )
 
 
+class StudentCopies:
+    """:class:`StudentTrainer` for C students trained as one batched computation: the students' networks
+    (and, for ``gped``, their entropy heads) are :class:`~ursa_ray.methods.batched.StackedNetworks`, one
+    Adam over both (elementwise, so exact per copy) minimises the sum of the copies' losses, and each copy
+    draws its inputs and noise from a generator seeded from its problem's generator, as its trainer alone
+    would.  Needs networks without augmentation and, for ``gped``, a plain MLP (the features of the output
+    layer come from :meth:`StackedNetworks.forward_with_features`)."""
+
+    def __init__(self, students: Sequence[nn.Module], problems: Sequence[Problem], config: Mapping[str, Any]):
+        self.problems = problems
+        self.gaussian = problems[0].likelihood.name == "gaussian"
+        self.expectations = isinstance(students[0], ExpectationStudent)
+        networks = [s.network for s in students] if self.expectations else list(students)
+        self.networks = StackedNetworks(networks)
+        tensors = [self.networks.theta]
+        if self.expectations:
+            self.heads = StackedNetworks([s.entropy_head for s in students])
+            tensors.append(self.heads.theta)
+        self.optimiser = torch.optim.Adam(tensors, lr=config["student_lr"], fused=True)
+        self.batch_size, self.noise_std = config["batch_size"], config["input_noise_std"]
+        seeds = [int(torch.randint(0, 2**62, (1,), generator=p.generator)) for p in problems]
+        self.generators = [torch.Generator(p.device).manual_seed(seed) for p, seed in zip(problems, seeds, strict=True)]
+        self.steps = 0
+        for student in students:
+            student.train()
+
+    def inputs(self) -> Tensor:
+        """One (C, B, ...) mini-batch of perturbed training inputs, each copy's from its own generator."""
+        batches = []
+        for problem, generator in zip(self.problems, self.generators, strict=True):
+            index = torch.randint(0, problem.n_train, (self.batch_size,), generator=generator, device=problem.device)
+            x = problem.x[index]
+            if self.noise_std > 0:
+                x = x + self.noise_std * torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+            batches.append(x)
+        return torch.stack(batches)
+
+    def losses(self, x: Tensor, teacher: Tensor) -> Tensor:
+        """Each copy's loss (C,): :func:`bdk_loss` or :func:`gped_loss` of its student on its inputs."""
+        if self.gaussian:
+            scale = 0.5 / self.problems[0].likelihood.noise_std**2
+            return scale * ((self.networks(x).float() - teacher.float()) ** 2).flatten(1).mean(1)
+        targets = torch.softmax(teacher.float(), -1)
+        if not self.expectations:
+            logits = self.networks(x)
+        else:
+            logits, features = self.networks.forward_with_features(x)
+            head = self.heads.parameters()
+            entropy = torch.baddbmm(head["bias"].unsqueeze(1), features, head["weight"].transpose(1, 2))
+            entropy = nn.functional.softplus(entropy.float()).squeeze(-1)
+        cross_entropy = -(targets * torch.log_softmax(logits.float(), -1)).sum(-1).mean(1)
+        if not self.expectations:
+            return cross_entropy
+        return cross_entropy + ((entropy - _entropy(targets)) ** 2).mean(1)
+
+    def step(self, teachers: StackedNetworks) -> Tensor:
+        """One step of every student against its own teacher's outputs; returns the losses (C,), detached."""
+        x = self.inputs()
+        teachers.train(False)
+        with torch.no_grad():
+            target = teachers(x)
+        teachers.train(True)
+        with torch.enable_grad():
+            losses = self.losses(x, target)
+            self.networks.zero_grad()
+            if self.expectations:
+                self.heads.zero_grad()
+            losses.sum().backward()
+        self.optimiser.step()
+        self.steps += 1
+        return losses.detach()
+
+
 class _Distillation:
     """``bdk`` (``expectations`` False) and ``gped`` (True): the shared teacher chain and student loop."""
 
@@ -275,6 +358,44 @@ class _Distillation:
         student.eval()
         stats["n_samples"] = 1
         yield student
+
+    def sample_posterior_batched(
+        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
+    ) -> Iterator[list[Predictor]]:
+        """Every problem's teacher chain and student as one batched computation each; one item, the
+        students.  Per problem the streams are drawn in :meth:`sample_posterior`'s order: the student's
+        initialisation and input seed, then the teacher's initialisation and noise key."""
+        check_constraints(self, config, problems[0].n_train)
+        students = [self.student(problem)[0] for problem in problems]
+        trainer = StudentCopies(students, problems, config)
+        teachers = LangevinCopies(
+            [p.make_model() for p in problems], [p.generator for p in problems], problems[0], config, momentum=False
+        )
+        data = CopyData.from_problems(problems, [p.generator for p in problems], [None] * len(problems))
+        burn_in = config["burn_in_epochs"] * _steps_per_epoch(problems[0].n_train, config)
+        lr, every, steps = config["lr"], config["distill_every"], 0
+        student_losses = torch.zeros(len(problems))
+        teachers.stacked.train()
+        for epoch in range(config["epochs"]):
+            for xb, yb in data.minibatches(config["batch_size"]):
+                teacher_losses = teachers.step(xb, yb, lr)
+                steps += 1
+                if steps > burn_in and (steps - burn_in) % every == 0:
+                    student_losses = trainer.step(teachers.stacked)
+            teachers.check_finite(teacher_losses, f"in teacher epoch {epoch + 1}")
+            if not bool(torch.isfinite(student_losses).all()):
+                raise FloatingPointError(f"the students' losses became {student_losses.tolist()} in epoch {epoch + 1}")
+        for one in stats:
+            one.update(
+                teacher_steps=float(steps),
+                student_steps=float(trainer.steps),
+                teacher_samples=float(trainer.steps),
+                grad_evals=float(steps + trainer.steps),
+                n_samples=1,
+            )
+        for student in students:
+            student.eval()
+        yield students
 
 
 METHODS = (

@@ -118,7 +118,7 @@ class DeepEnsemble:
             yield model
             del model  # before the next member is built: one member alive at a time
 
-    def batched_copies(self, config: Mapping[str, Any]) -> int:
+    def batched_copies(self, config: Mapping[str, Any], model: nn.Module) -> int:
         """Networks trained side by side per seed: the M members."""
         return config["n_samples"]
 

@@ -414,7 +414,7 @@ class HMC:
         for predictors in self._run([problem], config, [stats]):
             yield predictors[0]
 
-    def batched_copies(self, config: Mapping[str, Any]) -> int:
+    def batched_copies(self, config: Mapping[str, Any], model: nn.Module) -> int:
         """Networks run side by side per seed: the chains."""
         return config["n_chains"]
 

@@ -45,12 +45,17 @@ stay those of θ_MAP (as in laplace-torch).
 laplace-torch rejects two combinations under ``marglik``, declared as :class:`Constraint` so validation
 catches them before any trial: a diagonal prior with ``kron``, and a layer-wise prior with
 ``last_layer``.
+
+Batched (:mod:`~ursa_ray.methods.batched`): the seeds of a grid cell train to θ_MAP as one computation
+(:func:`~ursa_ray.methods.batched.train_sgd_copies`); each seed's Laplace fit and draws then run on its own,
+interleaved, so every seed's posteriors are held at once (``batched_copies`` counts them for the memory cap).
 """
 
 from __future__ import annotations
 
+import math
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,6 +63,7 @@ from torch import Tensor, nn
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
+from ursa_ray.methods.batched import CopyData, StackedNetworks, train_sgd_copies
 from ursa_ray.methods.base import (
     Constraint,
     Hyperparameter,
@@ -187,13 +193,21 @@ def _curvature_loader(x: Tensor, y: Tensor, batch_size: int) -> DataLoader:
 def fit_laplace(
     problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
 ) -> tuple[nn.Module, ParametricLaplace]:
-    """A fresh model trained by SGD to θ_MAP and laplace-torch's posterior around it, its prior precision
-    optimised when ``optimize_prior_precision`` is marglik.
+    """A fresh model trained by SGD to θ_MAP and laplace-torch's posterior around it (:func:`laplace_around`).
+    ``stats`` gets ``grad_evals`` (SGD steps) too."""
+    model = train_sgd(problem.make_model(), problem, config, stats)
+    return model, laplace_around(model, problem, config, stats)
 
-    Returns the trained network (in evaluation mode, at θ_MAP) and the Laplace object.  ``stats`` gets
-    ``grad_evals`` (SGD steps), ``laplace_params`` (P_s), ``prior_precision`` (the final prior precision;
-    the mean of its entries for a layer-wise or diagonal prior) and ``log_marglik`` (the Laplace log
-    marginal likelihood at it).
+
+def laplace_around(
+    model: nn.Module, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+) -> ParametricLaplace:
+    """laplace-torch's posterior around the trained ``model`` (θ_MAP), its prior precision optimised when
+    ``optimize_prior_precision`` is marglik.
+
+    Puts the model in evaluation mode.  ``stats`` gets ``laplace_params`` (P_s), ``prior_precision`` (the
+    final prior precision; the mean of its entries for a layer-wise or diagonal prior) and ``log_marglik``
+    (the Laplace log marginal likelihood at it).
     """
     # imported here, not at the top: laplace-torch pulls in torchmetrics (seconds), and every command and
     # worker imports every method module to list the registry
@@ -201,7 +215,6 @@ def fit_laplace(
         warnings.simplefilter("ignore", FutureWarning)
         from laplace import Laplace as laplace_approximation
 
-    model = train_sgd(problem.make_model(), problem, config, stats)
     model.eval()
     options: dict[str, Any] = {}
     if config["subset_of_weights"] == "last_layer":
@@ -235,7 +248,21 @@ def fit_laplace(
     stats["prior_precision"] = float(torch.as_tensor(la.prior_precision).mean())
     with torch.no_grad():
         stats["log_marglik"] = float(la.log_marginal_likelihood())
-    return model, la
+    return la
+
+
+def laplace_samples(
+    model: nn.Module, la: ParametricLaplace, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+) -> Iterator[nn.Module]:
+    """``n_samples`` draws θ_s ~ q, each loaded into ``model``, from a generator on the problem's device
+    seeded by one draw from ``problem.generator``."""
+    parameters = posterior_parameters(model, config["subset_of_weights"])
+    seed = int(torch.randint(2**62, (1,), generator=problem.generator))
+    generator = torch.Generator(device=problem.device).manual_seed(seed)
+    for s in range(config["n_samples"]):
+        load_vector(parameters, la.sample(1, generator)[0])
+        stats["n_samples"] = s + 1
+        yield model
 
 
 def _kron_factor_values(p: Tensor) -> int:
@@ -287,13 +314,30 @@ class Laplace:
     ) -> Iterator[Predictor]:
         check_constraints(self, config, problem.n_train)
         model, la = fit_laplace(problem, config, stats)
-        parameters = posterior_parameters(model, config["subset_of_weights"])
-        seed = int(torch.randint(2**62, (1,), generator=problem.generator))
-        generator = torch.Generator(device=problem.device).manual_seed(seed)
-        for s in range(config["n_samples"]):
-            load_vector(parameters, la.sample(1, generator)[0])
-            stats["n_samples"] = s + 1
-            yield model
+        yield from laplace_samples(model, la, problem, config, stats)
+
+    def batched_copies(self, config: Mapping[str, Any], model: nn.Module) -> int:
+        """A copy's network in training, then its Laplace posterior (:func:`laplace_storage`), in networks'
+        training state (4 values per parameter)."""
+        return 1 + math.ceil(laplace_storage(model, config, 1).weights / (4 * n_parameters(model)))
+
+    def sample_posterior_batched(
+        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
+    ) -> Iterator[list[Predictor]]:
+        """Every problem's SGD run to θ_MAP as one batched computation; then each problem's Laplace fit and
+        draws on their own, one draw of each per item."""
+        check_constraints(self, config, problems[0].n_train)
+        stacked = StackedNetworks([problem.make_model() for problem in problems])
+        data = CopyData.from_problems(problems, [p.generator for p in problems], [None] * len(problems))
+        steps = train_sgd_copies(stacked, data, problems[0].likelihood, config)
+        for one in stats:
+            one["grad_evals"] = one.get("grad_evals", 0.0) + steps
+        streams = [
+            laplace_samples(model, laplace_around(model, problem, config, one), problem, config, one)
+            for model, problem, one in zip(stacked.models, problems, stats, strict=True)
+        ]
+        for samples in zip(*streams, strict=True):
+            yield list(samples)
 
 
 METHODS = (Laplace(),)

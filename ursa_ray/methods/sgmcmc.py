@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ursa_ray.methods._sgmcmc_kernels import (
     FlatModel,
@@ -284,7 +284,7 @@ class _SGMCMC:
             stats["grad_evals"] += own["grad_evals"]
         stats.update(trace.summary())
 
-    def batched_copies(self, config: Mapping[str, Any]) -> int:
+    def batched_copies(self, config: Mapping[str, Any], model: nn.Module) -> int:
         """Networks trained side by side per seed: the chains."""
         return config.get("n_chains", 1)
 

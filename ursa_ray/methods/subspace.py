@@ -22,12 +22,16 @@ MacKay 2010).
    ``n_samples`` steps, each yielded as a sample.  Every likelihood evaluation is one forward pass over
    the training set (plus a batch-norm refresh when the network has batch norm); their number is recorded
    as ``stats['likelihood_evals']``.  ``stats['grad_evals']`` counts the SGD steps.
+
+Batched (:mod:`~ursa_ray.methods.batched`): the seeds of a grid cell run step 1 as one computation
+(:func:`~ursa_ray.methods.swag.fit_swa_copies`); steps 2–4 run per seed, interleaved, each on its own
+generator.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -48,8 +52,11 @@ from ursa_ray.methods.swag import (
     BN_CHUNK,
     COLLECTS_ITERATES,
     SWA_HYPERPARAMETERS,
+    SWAGMoments,
     collected_iterates,
     fit_swa,
+    fit_swa_copies,
+    moments_memory,
     refresh_batch_norm,
 )
 
@@ -230,38 +237,64 @@ class PCAESS:
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
     ) -> Iterator[Predictor]:
         check_constraints(self, config, problem.n_train)
-        rank = config["rank"]
-        model, moments = fit_swa(problem, config, stats, max(rank, 2), "final")
-        dtype = next(model.parameters()).dtype
-        deviations = moments.deviation_matrix()  # a fresh K × P tensor (iterates − θ̄)
-        deviations /= math.sqrt(moments.n_stored - 1)
-        basis = pca_basis(deviations, rank)
-        del deviations
-        mean = moments.mean.to(dtype)
-        del moments  # frees the iterate buffer and the float64 moments
-        stats["subspace_rank"] = basis.shape[0]
+        model, moments = fit_swa(problem, config, stats, max(config["rank"], 2), "final")
+        yield from subspace_samples(model, moments, problem, config, stats)
 
-        log_likelihood = subspace_log_likelihood(model, problem, mean, basis, config["likelihood_temperature"])
-        evaluated: list[Tensor | None] = [None]
+    def batched_copies(self, config: Mapping[str, Any], model: nn.Module) -> int:
+        """A copy's network and its trajectory (moments and ``rank`` iterates)."""
+        return 1 + moments_memory(max(config["rank"], 2))
 
-        def tracked(z: Tensor) -> float:
-            evaluated[0] = z
-            return log_likelihood(z)
+    def sample_posterior_batched(
+        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
+    ) -> Iterator[list[Predictor]]:
+        """Every problem's SWA trajectory as one batched computation (:func:`fit_swa_copies`), then each
+        problem's elliptical slice sampler on its own, one step of each per item."""
+        check_constraints(self, config, problems[0].n_train)
+        models, moments = fit_swa_copies(problems, config, stats, max(config["rank"], 2), "final")
+        streams = [
+            subspace_samples(*one) for one in zip(models, moments, problems, [config] * len(problems), stats, strict=True)
+        ]
+        del moments  # each stream keeps its basis and mean only
+        for samples in zip(*streams, strict=True):
+            yield list(samples)
 
-        z = torch.zeros(basis.shape[0], dtype=torch.float64)  # start at the SWA mean
-        log_lik = tracked(z)
-        stats["likelihood_evals"] = 1
-        for step in range(config["ess_burn_in"] + config["n_samples"]):
-            z, log_lik, n_evals = elliptical_slice(
-                z, tracked, config["subspace_prior_std"], problem.generator, log_lik=log_lik
-            )
-            stats["likelihood_evals"] += n_evals
-            if step < config["ess_burn_in"]:
-                continue
-            if evaluated[0] is not z:  # the model holds the last point evaluated, not the accepted one
-                load_subspace_point(model, problem, mean, basis, z)
-            stats["n_samples"] = step - config["ess_burn_in"] + 1
-            yield model
+
+def subspace_samples(
+    model: nn.Module, moments: SWAGMoments, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+) -> Iterator[nn.Module]:
+    """The rank-K PCA subspace of the collected iterates around their mean, then ``ess_burn_in`` +
+    ``n_samples`` elliptical slice steps from the SWA mean (z = 0), each kept step loaded into ``model``."""
+    rank = config["rank"]
+    dtype = next(model.parameters()).dtype
+    deviations = moments.deviation_matrix()  # a fresh K × P tensor (iterates − θ̄)
+    deviations /= math.sqrt(moments.n_stored - 1)
+    basis = pca_basis(deviations, rank)
+    del deviations
+    mean = moments.mean.to(dtype)
+    del moments  # frees the iterate buffer and the float64 moments, once the caller drops its reference
+    stats["subspace_rank"] = basis.shape[0]
+
+    log_likelihood = subspace_log_likelihood(model, problem, mean, basis, config["likelihood_temperature"])
+    evaluated: list[Tensor | None] = [None]
+
+    def tracked(z: Tensor) -> float:
+        evaluated[0] = z
+        return log_likelihood(z)
+
+    z = torch.zeros(basis.shape[0], dtype=torch.float64)  # start at the SWA mean
+    log_lik = tracked(z)
+    stats["likelihood_evals"] = 1
+    for step in range(config["ess_burn_in"] + config["n_samples"]):
+        z, log_lik, n_evals = elliptical_slice(
+            z, tracked, config["subspace_prior_std"], problem.generator, log_lik=log_lik
+        )
+        stats["likelihood_evals"] += n_evals
+        if step < config["ess_burn_in"]:
+            continue
+        if evaluated[0] is not z:  # the model holds the last point evaluated, not the accepted one
+            load_subspace_point(model, problem, mean, basis, z)
+        stats["n_samples"] = step - config["ess_burn_in"] + 1
+        yield model
 
 
 METHODS = (PCAESS(),)

@@ -28,12 +28,16 @@ mean), one forward pass over the training inputs in fixed order without augmenta
 (:func:`refresh_batch_norm`); networks without batch norm skip it.
 
 Methods: ``swag`` (``n_samples`` draws) and ``swa`` (the SWA mean θ̄ as the single sample).
+
+Batched (:mod:`~ursa_ray.methods.batched`): the seeds of a grid cell run the burn-in and the collection
+phase as one computation (:func:`fit_swa_copies`), each copy collecting into its own moments; the draws
+then come from each seed's own generator, in the order one seed alone would draw them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -52,6 +56,7 @@ from ursa_ray.methods.base import (
     n_parameters,
     one_network_storage,
 )
+from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, train_sgd_copies
 
 BN_CHUNK = 1024
 """Inputs per forward pass when recomputing batch-norm statistics or full-batch log-likelihoods."""
@@ -305,6 +310,60 @@ def fit_swa(
     return model, moments
 
 
+def fit_swa_copies(
+    problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]], max_rank: int,
+    centre: str = "running",
+) -> tuple[list[nn.Module], list[SWAGMoments]]:
+    """:func:`fit_swa` for every problem at once: the SGD burn-in (:func:`train_sgd_copies`) and the
+    collection phase (SGD at ``swa_lr`` on the sum of the copies' losses, exact per copy since SGD is
+    elementwise) run as one batched computation; each copy's iterates go to its own moments.  Each copy
+    draws its mini-batches from its problem's generator, as :func:`fit_swa` does.  Returns the copies'
+    networks (each holding its last iterate) and moments."""
+    for problem in problems:
+        COLLECTS_ITERATES.check(config, problem.n_train)
+    stacked = StackedNetworks([problem.make_model() for problem in problems])
+    data = CopyData.from_problems(problems, [p.generator for p in problems], [None] * len(problems))
+    steps = train_sgd_copies(stacked, data, problems[0].likelihood, config)
+    theta = stacked.theta
+    moments = [SWAGMoments(theta.shape[1], max_rank, theta.device, theta.dtype, centre) for _ in problems]
+
+    def collect() -> None:
+        for c, one in enumerate(moments):
+            one.collect(theta[c].detach())
+
+    optimiser = torch.optim.SGD(
+        [theta], lr=config["swa_lr"], momentum=config["momentum"], weight_decay=config["weight_decay"], fused=True
+    )
+    nll = batched_nll(problems[0].likelihood)
+    every = config["swa_collect_every"]
+    step = 0
+    stacked.train()
+    for epoch in range(config["swa_epochs"]):
+        for xb, yb in data.minibatches(config["batch_size"]):
+            loss = nll(stacked(xb), yb).sum()
+            stacked.zero_grad()
+            loss.backward()
+            optimiser.step()
+            step += 1
+            if every and step % every == 0:
+                check_finite(loss.detach(), epoch)
+                collect()
+        check_finite(loss.detach(), epoch)
+        if not every:
+            collect()
+    stacked.train(False)
+    for one, copy_moments in zip(stats, moments, strict=True):
+        one["grad_evals"] = one.get("grad_evals", 0.0) + steps + step
+        one["swa_iterates"] = copy_moments.n
+    return stacked.models, moments
+
+
+def moments_memory(max_rank: int) -> int:
+    """What the moments of one copy take, in units of :func:`~ursa_ray.methods.batched.max_copies`'s
+    network (4 float32 values per parameter): two float64 vectors and ``max_rank`` rows, ⌈(4 + K)/4⌉."""
+    return math.ceil((4 + max_rank) / 4)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Methods
 # ----------------------------------------------------------------------------------------------------
@@ -363,6 +422,23 @@ class SWAG:
             stats["n_samples"] = s + 1
             yield model
 
+    def batched_copies(self, config: Mapping[str, Any], model: nn.Module) -> int:
+        """A copy's network and its moments (θ̄, θ²̄ and ``rank`` deviations)."""
+        return 1 + moments_memory(config["rank"])
+
+    def sample_posterior_batched(
+        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
+    ) -> Iterator[list[Predictor]]:
+        """Every problem's SWAG fit as one batched computation (:func:`fit_swa_copies`); the s-th item holds
+        each problem's s-th draw, from its own generator."""
+        check_constraints(self, config, problems[0].n_train)
+        models, moments = fit_swa_copies(problems, config, stats, config["rank"], "running")
+        for s in range(config["n_samples"]):
+            for model, copy_moments, problem, one in zip(models, moments, problems, stats, strict=True):
+                load_flat_parameters(model, copy_moments.sample(problem.generator, config["scale"], config["min_var"]))
+                one["n_samples"] = s + 1
+            yield models
+
 
 class SWA:
     name = "swa"
@@ -381,6 +457,22 @@ class SWA:
         model.eval()
         stats["n_samples"] = 1
         yield model
+
+    def batched_copies(self, config: Mapping[str, Any], model: nn.Module) -> int:
+        """A copy's network and its running means."""
+        return 1 + moments_memory(0)
+
+    def sample_posterior_batched(
+        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
+    ) -> Iterator[list[Predictor]]:
+        """Every problem's SWA run as one batched computation (:func:`fit_swa_copies`); one item, each
+        problem's mean θ̄."""
+        check_constraints(self, config, problems[0].n_train)
+        models, moments = fit_swa_copies(problems, config, stats, 0, "running")
+        for model, copy_moments, one in zip(models, moments, stats, strict=True):
+            load_flat_parameters(model, copy_moments.mean.to(next(model.parameters()).dtype))
+            one["n_samples"] = 1
+        yield models
 
 
 METHODS = (SWAG(), SWA())
