@@ -16,6 +16,7 @@ in distribution, at the paper's named points and out of distribution; ``plot`` d
     # the k = 50 sweep over complexity, from an ursa-ray run:
     ursa-ray run grids/regression_e1_sweep.yaml --out results/e1_sweep
     python benchmarks/regression_findings.py summary results/e1_sweep
+    python benchmarks/regression_findings.py curves results/e1_sweep --png docs/figures/e1_sweep.png
     python benchmarks/regression_findings.py plot /tmp/findings.parquet --tag grid --complexity 2 --png fig.png
 
 Rows are appended to ``--out`` (parquet), keyed by (tag, label, complexity, repetition); rerunning a key
@@ -220,6 +221,41 @@ def plot(args: argparse.Namespace) -> None:
     print("wrote", args.png)
 
 
+def curves(args: argparse.Namespace) -> None:
+    """In-distribution coverage, std ÷ anchor std and OOD coverage against complexity, one line per method
+    (the anchor's coverage as a black line), from a results directory or a ``run`` parquet file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = results_points(args.path, "run") if Path(args.path).is_dir() else pd.read_parquet(args.path)
+    t = _table(points).sort_values("f")
+    panels = (("cov_in", "in-distribution coverage"), ("ratio_in", "std ÷ anchor std (in-dist., median)"),
+              ("cov_ood", "OOD coverage"), ("cov[-5.11]", "coverage at x = −5.11"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(14, 3.4))
+    for ax, (column, title) in zip(axes, panels):
+        for label, g in t.groupby("label", sort=False):
+            ax.plot(g["f"], g[column], marker="o", ms=3, lw=1.2, label=label)
+        if column.startswith("cov"):
+            anchor_column = {"cov_in": "a_cov_in"}.get(column)
+            if anchor_column:
+                a = t.groupby("f")[anchor_column].mean()
+                ax.plot(a.index, a.values, color="k", lw=2, label="BLR (anchor)")
+            ax.axhline(0.95, color="0.5", ls=":", lw=0.8)
+            ax.set_ylim(-0.02, 1.02)
+        else:
+            ax.set_yscale("log")
+            ax.axhline(1.0, color="k", lw=2)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("complexity f")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"E.1, k = {int(t['k'].max())} repetitions", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=90)
+    print("wrote", args.png)
+
+
 def anchor(args: argparse.Namespace) -> None:
     """The anchor alone over many noise draws (no networks): its coverage must be 0.95 everywhere."""
     from ursa_ray.data import synthetic_regression as sr
@@ -264,12 +300,15 @@ def main() -> None:
     pl.add_argument("--tag", default="grid")
     pl.add_argument("--complexity", type=float, default=2.0)
     pl.add_argument("--png", default="regression_findings.png")
+    c = sub.add_parser("curves")
+    c.add_argument("path", help="a parquet file written by run, or an ursa-ray run's results directory")
+    c.add_argument("--png", default="regression_curves.png")
     a = sub.add_parser("anchor")
     a.add_argument("--complexities", default="1,2,3,4,5,6")
     a.add_argument("--reps", type=int, default=500)
     a.add_argument("--noise-std", type=float, default=None)
     args = parser.parse_args()
-    {"run": run, "summary": summary, "plot": plot, "anchor": anchor}[args.command](args)
+    {"run": run, "summary": summary, "plot": plot, "curves": curves, "anchor": anchor}[args.command](args)
 
 
 if __name__ == "__main__":
