@@ -187,3 +187,17 @@ def test_default_copy_count_keeps_memory_in_bounds():
     assert max_copies(small, batch_size=128, input_numel=784) >= 50
     wide = build_mlp((784,), 10, [4096, 4096])
     assert max_copies(wide, batch_size=128, input_numel=784) < max_copies(small, 128, 784)
+
+
+def test_what_a_seed_keeps_beside_its_network_limits_the_seeds_batched_together():
+    """SWAG's moments and a Laplace posterior count in the memory cap: a full Laplace covariance over all
+    weights of the E.1 MLP (P² numbers) batches one seed at a time, last-layer KFAC batches many."""
+    e1 = build_mlp((1,), 1, [100, 100, 100])
+    cap = max_copies(e1, batch_size=32, input_numel=1)
+    laplace = get_method("laplace")
+    full = resolve_config(laplace, {"subset_of_weights": "all", "hessian_structure": "full", "optimize_prior_precision": "none"})
+    assert cap // laplace.batched_copies(full, e1) == 0  # the trial batches max(1, 0) = 1 seed at a time
+    assert cap // laplace.batched_copies(resolve_config(laplace, {}), e1) >= 50
+    swag = get_method("swag")
+    assert swag.batched_copies(resolve_config(swag, {"rank": 20}), e1) == 1 + 6  # ⌈(4 + 20) / 4⌉
+    assert swag.batched_copies(resolve_config(swag, {"rank": 20}), e1) > swag.batched_copies(resolve_config(swag, {"rank": 2}), e1)

@@ -359,6 +359,10 @@ class _Distillation:
         stats["n_samples"] = 1
         yield student
 
+    def batched_copies(self, config: Mapping[str, Any], model: nn.Module) -> int:
+        """Networks trained side by side per seed: the teacher and the student."""
+        return 2
+
     def sample_posterior_batched(
         self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
     ) -> Iterator[list[Predictor]]:
