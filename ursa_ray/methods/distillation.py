@@ -121,9 +121,8 @@ class ExpectationStudent(nn.Module):
     layer's inputs (the penultimate features φ(x)), h(x) = softplus(v·φ(x) + c), the expected entropy.
 
     The head starts at v = 0, c = 0.  ``forward(x)`` returns the logits and ``distilled_expected_entropy(x)``
-    h(x), shape (n,); both run the
-    whole student (both heads), so one forward pass, the one FLOPs are counted on, is the cost of a
-    prediction.  An ``nn.Module`` whose parameters are the network's and the head's (storage, bit depths).
+    h(x), shape (n,); both run the whole student (both heads), so one forward pass, the one FLOPs are
+    counted on, is the cost of a prediction.  An ``nn.Module`` whose parameters are the network's and the head's (storage, bit depths).
     """
 
     def __init__(self, network: nn.Module):
