@@ -159,24 +159,36 @@ StudentLoss = Callable[[nn.Module, Tensor, Tensor], Tensor]
 
 def soft_cross_entropy(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
     """−mean_x Σ_k p_t(k | x) log s(k | x): the KL from the teacher's to the student's predictive, less the
-    teacher's entropy (constant in the student)."""
+    teacher's entropy (constant in the student).  Logits (..., B, K) give one value per leading index (a
+    scalar for one student, (C,) for C batched students)."""
     targets = torch.softmax(teacher_logits.float(), -1)
-    return -(targets * torch.log_softmax(student_logits.float(), -1)).sum(-1).mean()
+    return -(targets * torch.log_softmax(student_logits.float(), -1)).sum(-1).mean(-1)
+
+
+def gaussian_kl(student_outputs: Tensor, teacher_outputs: Tensor, noise_std: float) -> Tensor:
+    """(f_s − f_t)²/(2σ²) averaged over a mini-batch of (..., B, out) outputs, one value per leading index."""
+    squared = (student_outputs.float() - teacher_outputs.float()) ** 2
+    return 0.5 / noise_std**2 * squared.flatten(-2).mean(-1)
+
+
+def expectation_loss(logits: Tensor, entropy: Tensor, teacher_logits: Tensor) -> Tensor:
+    """GPED's loss: soft-target cross-entropy on the predictive head + squared error of h(x') (..., B) against
+    H[p(· | x', θ_t)], one value per leading index."""
+    target = _entropy(torch.softmax(teacher_logits.float(), -1))
+    return soft_cross_entropy(logits, teacher_logits) + ((entropy - target) ** 2).mean(-1)
 
 
 def bdk_loss(problem: Problem) -> StudentLoss:
     """Balan et al.'s per-sample KL: soft-target cross-entropy, or (f_s − f_t)²/(2σ²) for a Gaussian."""
     if problem.likelihood.name == "gaussian":
-        scale = 0.5 / problem.likelihood.noise_std**2
-        return lambda student, x, teacher: scale * ((student(x).float() - teacher.float()) ** 2).mean()
+        noise_std = problem.likelihood.noise_std
+        return lambda student, x, teacher: gaussian_kl(student(x), teacher, noise_std)
     return lambda student, x, teacher: soft_cross_entropy(student(x), teacher)
 
 
 def gped_loss(student: ExpectationStudent, x: Tensor, teacher_logits: Tensor) -> Tensor:
-    """Soft-target cross-entropy on the predictive head + squared error of h(x') against H[p(· | x', θ_t)]."""
-    logits, entropy = student.outputs(x)
-    target = _entropy(torch.softmax(teacher_logits.float(), -1))
-    return soft_cross_entropy(logits, teacher_logits) + ((entropy - target) ** 2).mean()
+    """:func:`expectation_loss` of the student's two heads."""
+    return expectation_loss(*student.outputs(x), teacher_logits)
 
 
 class StudentTrainer:
@@ -294,20 +306,13 @@ class StudentCopies:
     def losses(self, x: Tensor, teacher: Tensor) -> Tensor:
         """Each copy's loss (C,): :func:`bdk_loss` or :func:`gped_loss` of its student on its inputs."""
         if self.gaussian:
-            scale = 0.5 / self.problems[0].likelihood.noise_std**2
-            return scale * ((self.networks(x).float() - teacher.float()) ** 2).flatten(1).mean(1)
-        targets = torch.softmax(teacher.float(), -1)
+            return gaussian_kl(self.networks(x), teacher, self.problems[0].likelihood.noise_std)
         if not self.expectations:
-            logits = self.networks(x)
-        else:
-            logits, features = self.networks.forward_with_features(x)
-            head = self.heads.parameters()
-            entropy = torch.baddbmm(head["bias"].unsqueeze(1), features, head["weight"].transpose(1, 2))
-            entropy = nn.functional.softplus(entropy.float()).squeeze(-1)
-        cross_entropy = -(targets * torch.log_softmax(logits.float(), -1)).sum(-1).mean(1)
-        if not self.expectations:
-            return cross_entropy
-        return cross_entropy + ((entropy - _entropy(targets)) ** 2).mean(1)
+            return soft_cross_entropy(self.networks(x), teacher)
+        logits, features = self.networks.forward_with_features(x)
+        head = self.heads.parameters()
+        entropy = torch.baddbmm(head["bias"].unsqueeze(1), features, head["weight"].transpose(1, 2))
+        return expectation_loss(logits, nn.functional.softplus(entropy.float()).squeeze(-1), teacher)
 
     def step(self, teachers: StackedNetworks) -> Tensor:
         """One step of every student against its own teacher's outputs; returns the losses (C,), detached."""

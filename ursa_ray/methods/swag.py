@@ -258,27 +258,49 @@ def collect_iterates(
     optimiser = torch.optim.SGD(
         model.parameters(), lr=config["swa_lr"], momentum=config["momentum"], weight_decay=config["weight_decay"]
     )
-    every = config["swa_collect_every"]
-    step = 0
-    collected = 0
+
+    def loss_at(xb: Tensor, yb: Tensor) -> Tensor:
+        return problem.likelihood.nll(model(xb), yb)
+
     model.train()
+    steps, collected = collection_phase(
+        problem.minibatches, loss_at, optimiser, lambda: optimiser.zero_grad(set_to_none=True), config,
+        lambda: collect(flat_parameters(model)),
+    )
+    stats["grad_evals"] = stats.get("grad_evals", 0.0) + steps
+    return collected
+
+
+def collection_phase(
+    minibatches: Callable[[int], Iterator[tuple[Tensor, Tensor]]],
+    loss_at: Callable[[Tensor, Tensor], Tensor],
+    optimiser: torch.optim.Optimizer,
+    zero_grad: Callable[[], None],
+    config: Mapping[str, Any],
+    collect: Callable[[], None],
+) -> tuple[int, int]:
+    """The loop of the collection phase, for one network or batched copies: ``swa_epochs`` epochs of
+    ``optimiser`` steps on ``loss_at(x_batch, y_batch)``, calling ``collect()`` once per epoch or every
+    ``swa_collect_every`` steps.  Returns (steps, iterates collected); FloatingPointError on a non-finite
+    loss at a collection or an epoch's end."""
+    every = config["swa_collect_every"]
+    step = collected = 0
     for epoch in range(config["swa_epochs"]):
-        for xb, yb in problem.minibatches(config["batch_size"]):
-            loss = problem.likelihood.nll(model(xb), yb)
-            optimiser.zero_grad(set_to_none=True)
+        for xb, yb in minibatches(config["batch_size"]):
+            loss = loss_at(xb, yb)
+            zero_grad()
             loss.backward()
             optimiser.step()
             step += 1
             if every and step % every == 0:
                 check_finite(loss.detach(), epoch)
-                collect(flat_parameters(model))
+                collect()
                 collected += 1
         check_finite(loss.detach(), epoch)
         if not every:
-            collect(flat_parameters(model))
+            collect()
             collected += 1
-    stats["grad_evals"] = stats.get("grad_evals", 0.0) + step
-    return collected
+    return step, collected
 
 
 def fit_swa(
@@ -335,22 +357,10 @@ def fit_swa_copies(
         [theta], lr=config["swa_lr"], momentum=config["momentum"], weight_decay=config["weight_decay"], fused=True
     )
     nll = batched_nll(problems[0].likelihood)
-    every = config["swa_collect_every"]
-    step = 0
     stacked.train()
-    for epoch in range(config["swa_epochs"]):
-        for xb, yb in data.minibatches(config["batch_size"]):
-            loss = nll(stacked(xb), yb).sum()
-            stacked.zero_grad()
-            loss.backward()
-            optimiser.step()
-            step += 1
-            if every and step % every == 0:
-                check_finite(loss.detach(), epoch)
-                collect()
-        check_finite(loss.detach(), epoch)
-        if not every:
-            collect()
+    step, _ = collection_phase(
+        data.minibatches, lambda xb, yb: nll(stacked(xb), yb).sum(), optimiser, stacked.zero_grad, config, collect
+    )
     stacked.train(False)
     for one, copy_moments in zip(stats, moments, strict=True):
         one["grad_evals"] = one.get("grad_evals", 0.0) + steps + step
