@@ -95,13 +95,38 @@ def test_diverging_search_trials_fail_and_the_run_goes_on(ray_session, tmp_path,
     # what the user reads last
     n_failed = len(failed)
     assert f"{n_failed} failed ({n_failed} of them search trials)" in printed.out
-    assert f"{n_failed} search trial(s) failed" in printed.err
+    assert f"{n_failed} search trial(s) failed" in printed.out
     assert "FAILED cell sgd_diverging/mlp/digits: every one of its 4 search trial(s) failed" in printed.err
     assert "Traceback" not in printed.out + printed.err
     # the cost report counts the failed trials' compute
     table = cost_table(trials, metrics)
     assert table["search_cpu_h"].sum() == pytest.approx(search["reserved_cpu_s"].sum() / 3600)
     assert table["search_trials"].sum() == 8
+
+
+@pytest.mark.parametrize(
+    ("failed", "failed_cells", "code"),
+    [
+        ([("search-a-1", "FloatingPointError: nan"), ("search-a-2", "FloatingPointError: nan")], [], 0),
+        ([("search-a-1", "FloatingPointError: nan"), ("final-b", "RuntimeError: boom")], [], 1),
+        ([("search-c-1", "FloatingPointError: nan")], [("sgd_diverging/mlp/digits", "every one failed")], 1),
+    ],
+)
+def test_run_exit_status_counts_final_trials_not_search_trials(tmp_path, monkeypatch, capsys, failed, failed_cells, code):
+    """Diverging search configurations are an expected outcome: exit 0 when every final trial ran and succeeded
+    (saying how many search trials failed); 1 when a final trial failed or a cell's final phase could not run.
+    Catches the old rule (exit 1 on any failed trial, search trials included)."""
+    import ursa_ray.api
+
+    summary = RunSummary(planned=1, finished=["final-a"], failed=failed, failed_cells=failed_cells)
+    summary.search_failed = [t for t, _ in failed if t.startswith("search-")]
+    summary.recorded = {"search": len(summary.search_failed), "final": 1 + len(failed) - len(summary.search_failed)}
+    summary.planned = summary.recorded["final"]
+    monkeypatch.setattr(ursa_ray.api, "run", lambda *args, **kwargs: summary)
+    assert main(["run", _write(tmp_path, DIVERGING), "--out", str(tmp_path / "r")]) == code
+    printed = capsys.readouterr()
+    assert f"{len(summary.search_failed)} search trial(s) failed" in printed.out
+    assert ("final-b" in printed.err) == (code == 1 and not failed_cells)
 
 
 # --- a search stopped by its compute budget (TPE + ASHA) -----------------------------------------------------

@@ -1,6 +1,7 @@
 """The ``ursa-ray`` command: run, validate, report, and list methods, models and datasets.
 
-Exit status: 0 success; 1 some trials failed; 2 a bad grid, or a results directory that cannot be used (another
+Exit status: 0 success (every final trial ok; failed search trials are an ordinary outcome of a search); 1 some
+final trials failed, or a cell's search left nothing to run; 2 a bad grid, or a results directory that cannot be used (another
 grid's, locked by another run, a file, unwritable, or without results for ``report``: nothing was run or written); 130 interrupted
 (rerun the same command to resume).
 """
@@ -111,19 +112,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
             what += " (stopped in the search phase: the final phase did not start)"
         print(f"interrupted: {what}; run the same command again to resume", file=sys.stderr)
         return 130
-    if summary.failed or summary.failed_cells:
-        if summary.failed:
-            print(f"{len(summary.failed)} trial(s) failed ({search_failed} search, {len(summary.failed) - search_failed} final):", file=sys.stderr)
-            for trial_id, error in summary.failed:
-                print(f"  {trial_id}: {error}", file=sys.stderr)
-        for cell, why in summary.failed_cells:
-            print(f"FAILED cell {cell}: {why}; its final phase was not run", file=sys.stderr)
-        if search_failed:
-            print(
-                f"{search_failed} search trial(s) failed: recorded with their compute, never selected "
-                "(a rerun does not count them as done)",
-                file=sys.stderr,
-            )
+    searched = set(summary.search_failed)
+    final_failed = [(trial_id, error) for trial_id, error in summary.failed if trial_id not in searched]
+    for trial_id, error in final_failed:
+        print(f"  FAILED {trial_id}: {error}", file=sys.stderr)
+    for cell, why in summary.failed_cells:
+        print(f"FAILED cell {cell}: {why}; its final phase was not run", file=sys.stderr)
+    if search_failed:  # a diverging configuration is an expected outcome of a search, not a failure of the run
+        print(
+            f"{search_failed} search trial(s) failed: recorded with their compute, never selected "
+            "(a rerun does not count them as done)"
+        )
+    if final_failed or summary.failed_cells:
+        print(f"{len(final_failed)} final trial(s) failed, {len(summary.failed_cells)} cell(s) not run", file=sys.stderr)
         return 1
     print(f"next: ursa-ray report {shlex.quote(out)}")
     return 0
