@@ -28,12 +28,18 @@ averages those cell means with equal weight:
 - ``flops_per_prediction``: FLOPs of one prediction, all test-time samples (lower), in-domain cells;
 - ``storage_bytes``: bytes of the stored posterior at 32 bits per weight (lower), in-domain cells.
 
-Rank summary.  For each principle P and each of its metrics m, the methods are ranked within every cell
-(or (cell, OOD set) pair) of m: 1 = best, ties share the mean rank.  ``rank_P`` is a method's mean over
-all its (cell, m) ranks of P, and ``mean_rank`` is the equal-weight mean of the ``rank_P`` it has:
+Rank summary.  Each metric counts once within its principle, however many evaluation sets it has: a
+metric's value in a cell is first averaged over its sets in that cell (the OOD sets for ``ood_auroc``, the
+``corrupt:TYPE:SEVERITY`` sets for the corruption metrics, as the mean corruption error does), and the
+methods are ranked on that value within every cell: 1 = best, ties share the mean rank.  ``rank_P`` is the
+mean over P's metrics of a method's mean rank over the cells of that metric, and ``mean_rank`` is the
+equal-weight mean of the ``rank_P`` it has:
 
-    rank_P(method) = mean over m in P, c in cells(m) of rank_{c,m}(method)
+    value_{c,m}(method) = mean over sets s of m in cell c of (mean over seeds of m on s)
+    rank_P(method) = mean over m in P of (mean over c in cells(m) of rank of value_{c,m}(method))
     mean_rank(method) = mean over principles P with results of rank_P(method)
+
+So ten corruption types at five severities weigh as much as one adversarial set in ``rank_robustness``.
 
 The principles: ``accuracy`` (accuracy), ``uncertainty`` (nll, misclass_auroc), ``ood`` (ood_auroc),
 ``decision`` (decision_cost), ``robustness`` (adv_accuracy, corrupt_accuracy, corrupt_ece) and ``test_time`` (flops_per_prediction, storage_bytes: URSABench's test-time
@@ -138,19 +144,21 @@ def cell_means(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def principle_ranks(cells: pd.DataFrame) -> pd.DataFrame:
-    """Per method: ``rank_P`` for each principle P with results, and ``mean_rank`` (see the module doc)."""
+    """Per method: ``rank_P`` for each principle P with results, and ``mean_rank`` (see the module doc);
+    ``cells`` as returned by :func:`cell_means`."""
+    per_cell = cells.groupby(["composite", "method", "model", "dataset"], as_index=False)["value"].mean()
     columns = {}
     for principle, names in PRINCIPLES.items():
-        ranks = []
+        metric_ranks = []
         for name in names:
-            rows = cells[cells["composite"] == name]
+            rows = per_cell[per_cell["composite"] == name]
             if rows.empty:
                 continue
             higher = COMPOSITES[name][2]
-            ranked = rows.groupby(CELL_KEYS)["value"].rank(ascending=not higher, method="average")
-            ranks.append(pd.DataFrame({"method": rows["method"], "rank": ranked}))
-        if ranks:
-            columns[f"rank_{principle}"] = pd.concat(ranks).groupby("method")["rank"].mean()
+            ranked = rows.groupby(["model", "dataset"])["value"].rank(ascending=not higher, method="average")
+            metric_ranks.append(ranked.groupby(rows["method"]).mean())
+        if metric_ranks:
+            columns[f"rank_{principle}"] = pd.concat(metric_ranks, axis=1).mean(axis=1, skipna=True)
     table = pd.DataFrame(columns)
     if not table.empty:
         table["mean_rank"] = table.mean(axis=1, skipna=True)

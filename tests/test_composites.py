@@ -27,7 +27,7 @@ for method, seeds in (("a", (0, 1)), ("b", (0, 1))):
             (method, "digits", seed, "cost", "flops_per_prediction"): {"a": 100.0, "b": 10.0}[method],
             (method, "digits", seed, "cost", "storage_bytes_32"): {"a": 5.0, "b": 50.0}[method],
             (method, "digits", seed, "corrupt:gaussian_noise:1", "accuracy"): {"a": 0.8, "b": 0.7}[method],
-            (method, "digits", seed, "corrupt:gaussian_noise:3", "accuracy"): {"a": 0.5, "b": 0.6}[method],
+            (method, "digits", seed, "corrupt:gaussian_noise:3", "accuracy"): {"a": 0.5, "b": 0.55}[method],
             (method, "digits", seed, "corrupt:gaussian_noise:1", "ece"): {"a": 0.05, "b": 0.10}[method],
             (method, "digits", seed, "corrupt:gaussian_noise:3", "ece"): {"a": 0.2, "b": 0.1}[method],
             # PGD at the reference ε counts; another ε does not
@@ -93,21 +93,22 @@ def test_composites_and_principle_ranks_equal_hand_computed_values():
             "flops_per_prediction": {"a": 100.0, "b": 10.0},
             "storage_bytes": {"a": 5.0, "b": 50.0},
             "adv_accuracy": {"a": 0.3, "b": 0.4},
-            "corrupt_accuracy": {"a": 0.65, "b": 0.65},
+            "corrupt_accuracy": {"a": 0.65, "b": 0.625},
             "corrupt_ece": {"a": 0.125, "b": 0.1},
-            "corrupt_accuracy_s3": {"a": 0.5, "b": 0.6},
+            "corrupt_accuracy_s3": {"a": 0.5, "b": 0.55},
             "corrupt_ece_s3": {"a": 0.2, "b": 0.1},
             # accuracy: a 1, b 2; uncertainty: nll (a 2, b 1) and misclass (a 1, b 2); ood: a 1, b 2 on
-            # both OOD sets; decision: a 2, b 1; robustness: PGD accuracy (a 2, b 1), corruption accuracy and
-            # ECE at severity 1 (a 1, b 2) and 3 (a 2, b 1); test_time: flops (a 2, b 1) and storage (a 1, b 2).
+            # the mean over both OOD sets; decision: a 2, b 1; robustness, each metric once: PGD accuracy
+            # (a 2, b 1), corruption accuracy averaged over its two sets (a 0.65, b 0.625: a 1, b 2), corruption
+            # ECE averaged (a 0.125, b 0.1: a 2, b 1); test_time: flops (a 2, b 1) and storage (a 1, b 2).
             # mean_rank = mean of the six principle ranks.
             "rank_accuracy": {"a": 1.0, "b": 2.0},
             "rank_uncertainty": {"a": 1.5, "b": 1.5},
             "rank_ood": {"a": 1.0, "b": 2.0},
             "rank_decision": {"a": 2.0, "b": 1.0},
-            "rank_robustness": {"a": 1.6, "b": 1.4},
+            "rank_robustness": {"a": 5 / 3, "b": 4 / 3},
             "rank_test_time": {"a": 1.5, "b": 1.5},
-            "mean_rank": {"a": 8.6 / 6, "b": 9.4 / 6},
+            "mean_rank": {"a": (7.0 + 5 / 3) / 6, "b": (8.0 + 4 / 3) / 6},
         }
     )
     for column in expected:
@@ -130,3 +131,32 @@ def test_coverage_names_the_cells_of_each_composite():
     assert coverage.loc["s_per_sample", "cells"] == "mlp/digits"
     assert coverage.loc["corrupt_accuracy", "cells"] == "mlp/digits × 2 corruption sets (1 types, severities 1, 3)"
     assert coverage.loc["corrupt_accuracy_s3", "n"] == 1
+
+
+def _robustness_tables(corruption_sets: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Methods ``adv_winner`` and ``corrupt_winner`` on one cell: PGD accuracy 0.9 against 0.1, and on
+    every one of ``corruption_sets`` corruption sets accuracy 0.500 against 0.501 with equal ECE."""
+    rows, trials = [], []
+    for method, adv, corrupt in (("adv_winner", 0.9, 0.500), ("corrupt_winner", 0.1, 0.501)):
+        trial = f"{method}-0"
+        trials.append({"trial_id": trial, "phase": "final", "method": method, "model": "mlp", "dataset": "digits",
+                       "seed": 0, "task": "classification", "decision_task": False, "status": "ok"})
+        values = {("test", "accuracy"): 0.9, ("adv:pgd_eps0.0625", "accuracy"): adv,
+                  ("adv:pgd_eps0.0625", "reference"): 1.0}
+        for k in range(corruption_sets):
+            values |= {(f"corrupt:type{k // 5}:{k % 5 + 1}", "accuracy"): corrupt,
+                       (f"corrupt:type{k // 5}:{k % 5 + 1}", "ece"): 0.05}
+        rows += [{"trial_id": trial, "phase": "final", "method": method, "model": "mlp", "dataset": "digits",
+                  "seed": 0, "eval_set": e, "metric": m, "value": v} for (e, m), v in values.items()]
+    return pd.DataFrame(rows), pd.DataFrame(trials)
+
+
+@pytest.mark.parametrize("corruption_sets", [1, 50])
+def test_robustness_rank_counts_each_metric_once_however_many_corruption_sets(corruption_sets):
+    """Winning adversarial accuracy 0.9 to 0.1 and losing corruption accuracy by 0.001 on every corruption
+    set ties (adversarial accuracy, corruption accuracy and corruption ECE weigh one third each).  Ranking
+    every ``corrupt:TYPE:SEVERITY`` set as its own cell (the old rule) gives the adversarial winner
+    (1 + 50 × 2 + 50 × 1.5) / 101 = 1.74 against 1.26: last."""
+    scores = composite_scores(*_robustness_tables(corruption_sets))
+    assert scores.loc["adv_winner", "rank_robustness"] == pytest.approx(1.5)
+    assert scores.loc["corrupt_winner", "rank_robustness"] == pytest.approx(1.5)
