@@ -12,6 +12,12 @@ from sklearn.metrics import accuracy_score, average_precision_score, log_loss, r
 from ursa_ray.evaluation import (
     ClassificationPredictive,
     accuracy,
+    adaptive_calibration_error,
+    aurc,
+    calibrated_nll,
+    fpr_at_95_tpr,
+    risk_coverage_curve,
+    selective_prediction,
     brier,
     classification_metrics,
     decision_cost,
@@ -142,7 +148,7 @@ def test_misclassification_detection_undefined_gives_nan(labels: np.ndarray) -> 
 def test_ood_detection_hand_case_and_sklearn() -> None:
     # entropy: OOD (0.4, 0.9) vs in (0.1, 0.5): 3 of 4 pairs ordered; MI fully separated
     out = ood_detection(np.array([0.1, 0.5]), np.array([0.0, 0.1]), np.array([0.4, 0.9]), np.array([0.2, 0.3]))
-    assert out == {"ood_auroc_entropy": 0.75, "ood_auroc_mi": 1.0}
+    assert out["ood_auroc_entropy"] == 0.75 and out["ood_auroc_mi"] == 1.0
     rng = np.random.default_rng(5)
     in_h, in_mi, ood_h, ood_mi = rng.uniform(size=40), rng.uniform(size=40), rng.uniform(size=30), rng.uniform(size=30)
     out = ood_detection(in_h, in_mi, ood_h, ood_mi)
@@ -170,9 +176,13 @@ def test_classification_metrics_assembles_every_metric() -> None:
     out = classification_metrics(pred, labels, cost)
     probs, y = pred.mean_probs, labels.numpy()
     assert set(out) == {
-        "accuracy", "nll", "brier", "ece", "decision_cost", "mean_entropy", "mean_mi",
+        "accuracy", "nll", "brier", "ece", "ece_adaptive", "decision_cost", "mean_entropy", "mean_mi",
+        "nll_calibrated", "calibration_temperature",
         *misclassification_detection(probs, y, pred.mutual_information),
+        *selective_prediction(probs, y, pred.mutual_information),
     }
+    assert out["ece_adaptive"] == adaptive_calibration_error(probs, y)
+    assert (out["nll_calibrated"], out["calibration_temperature"]) == calibrated_nll(probs, y)
     assert out["accuracy"] == accuracy(probs, y)
     assert out["nll"] == nll(probs, y)
     assert out["brier"] == brier(probs, y)
@@ -196,3 +206,136 @@ def test_ood_metrics_uses_total_entropy_and_mi() -> None:
     )
     assert ood_metrics(in_pred, ood_pred) == expected
     assert expected["ood_auroc_entropy"] > 0.8  # flat logits are the more uncertain
+
+
+def test_adaptive_ece_hand_case_and_loop_over_equal_mass_bins() -> None:
+    # confidences 0.2, 0.25, 0.6, 0.62, 1.0 (right, wrong, wrong, right, right) in 2 equal-mass bins:
+    # {0.2, 0.25, 0.6}: |1 - 1.05| = 0.05; {0.62, 1.0}: |2 - 1.62| = 0.38; (0.05 + 0.38) / 5 = 0.086.
+    # Equal-width bins (0, 0.5], (0.5, 1] would give (|1 - 0.45| + |2 - 2.22|) / 5 = 0.154.
+    probs = np.array([_row(0.2), _row(0.25), _row(0.6), _row(0.62), _row(1.0)])
+    labels = np.array([0, 1, 1, 0, 0])
+    assert adaptive_calibration_error(probs, labels, n_bins=2) == pytest.approx(0.086, abs=1e-12)
+    assert adaptive_calibration_error(probs, labels, n_bins=1) == expected_calibration_error(probs, labels, n_bins=1)
+    probs, labels = _random_case(n=500, seed=8)
+    confidence, correct = probs.max(1), probs.argmax(1) == labels
+    order = np.argsort(confidence)
+    expected = sum(
+        len(b) / 500 * abs(correct[b].mean() - confidence[b].mean()) for b in np.array_split(order, 15)
+    )
+    assert adaptive_calibration_error(probs, labels) == pytest.approx(expected, rel=1e-12)
+
+
+def test_risk_coverage_hand_case_and_optimal_ordering() -> None:
+    errors = np.array([0, 1, 0, 1])
+    confidence = np.array([0.9, 0.8, 0.7, 0.6])  # accepted in this order: risks 0, 1/2, 1/3, 2/4
+    coverage, risk = risk_coverage_curve(errors, confidence)
+    np.testing.assert_allclose(coverage, [0.25, 0.5, 0.75, 1.0])
+    np.testing.assert_allclose(risk, [0, 1 / 2, 1 / 3, 1 / 2])
+    area, excess = aurc(errors, confidence)
+    # optimal: right, right, wrong, wrong -> risks 0, 0, 1/3, 1/2
+    assert area == pytest.approx((0 + 1 / 2 + 1 / 3 + 1 / 2) / 4, abs=1e-15)
+    assert excess == pytest.approx((1 / 2) / 4, abs=1e-15)
+    assert aurc(errors, -confidence * errors + 1)[1] == 0.0  # errors least confident: E-AURC 0
+    assert aurc(errors, -confidence)[0] > area  # the reversed ordering is worse
+
+
+def test_risk_coverage_ties_are_the_expectation_over_their_orders() -> None:
+    """A tie group is accepted in random order: the curve is the mean over every order of it (enumerated
+    here), so a constant score gives the error rate at every coverage and the input order does not matter."""
+    import itertools
+
+    errors = np.array([1, 0, 0, 1, 0, 1])
+    confidence = np.array([0.9, 0.5, 0.5, 0.5, 0.2, 0.2])
+    curves = []
+    for middle in itertools.permutations([1, 2, 3]):
+        for tail in itertools.permutations([4, 5]):
+            order = [0, *middle, *tail]
+            curves.append(np.cumsum(errors[order]) / np.arange(1, 7))
+    np.testing.assert_allclose(risk_coverage_curve(errors, confidence)[1], np.mean(curves, axis=0), rtol=1e-14)
+    reversed_input = risk_coverage_curve(errors[::-1], confidence[::-1])[1]
+    np.testing.assert_allclose(reversed_input, np.mean(curves, axis=0), rtol=1e-14)
+    np.testing.assert_allclose(risk_coverage_curve(errors, np.zeros(6))[1], 0.5, rtol=1e-15)
+
+
+def test_selective_prediction_scores_by_maxprob_and_mi() -> None:
+    probs, labels = _random_case(n=300, seed=9)
+    mi = np.random.default_rng(10).uniform(size=300)
+    errors = probs.argmax(1) != labels
+    out = selective_prediction(probs, labels, mi)
+    for name, confidence in (("maxprob", probs.max(1)), ("mi", -mi)):
+        order = np.argsort(-confidence)  # no ties in continuous random scores
+        risks = np.cumsum(errors[order]) / np.arange(1, 301)
+        assert out[f"aurc_{name}"] == pytest.approx(risks.mean(), rel=1e-12)
+        assert out[f"eaurc_{name}"] == pytest.approx(risks.mean() - aurc(errors, -errors.astype(float))[0], rel=1e-12)
+    assert out["aurc_maxprob"] != out["aurc_mi"]
+
+
+def _tempered_case(n: int, temperature: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Labels drawn from softmax(f) and the predictive softmax(f / temperature): temperature T fits best."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(n, 5)) * 2
+    true = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    labels = np.array([rng.choice(5, p=row) for row in true])
+    shown = np.exp(logits / temperature)
+    return shown / shown.sum(1, keepdims=True), labels
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_calibrated_nll_recovers_the_temperature(temperature: float) -> None:
+    """The predictive softmax(f/T₀) of labels drawn from softmax(f) is calibrated at T = 1/T₀ on its log
+    probabilities.  The fitted temperature must be that (n = 20,000: its standard error is below 2%),
+    and the calibrated NLL the true model's NLL within Monte Carlo error (rel 2%).  Tempering the
+    probabilities instead of their logarithms, or inverting T, fails both."""
+    probs, labels = _tempered_case(20_000, temperature, seed=11)
+    calibrated, fitted = calibrated_nll(probs, labels, smoothing=0.0)
+    assert fitted == pytest.approx(1 / temperature, rel=0.05)
+    truth, _ = _tempered_case(20_000, 1.0, seed=11)
+    assert calibrated == pytest.approx(nll(truth, labels, smoothing=0.0), rel=0.02)
+    assert calibrated <= nll(probs, labels, smoothing=0.0) + 1e-3
+
+
+def test_calibrated_nll_is_the_held_out_nll_at_the_fitted_temperature() -> None:
+    """Against a dense grid search for T on each half (independent of scipy's optimiser), on the same
+    halvings (default_rng(0), five permutations)."""
+    probs, labels = _tempered_case(200, 2.0, seed=12)  # optimum near T = 0.5, well inside the grid
+    log_probs = np.log(0.9999 * probs + 1e-4 / 5)
+    grid = np.exp(np.linspace(np.log(0.05), np.log(20), 4001))
+
+    def held_out_nll(rows: np.ndarray, t: float) -> np.ndarray:
+        z = log_probs[rows] / t
+        z = z - z.max(1, keepdims=True)
+        return -(z[np.arange(len(rows)), labels[rows]] - np.log(np.exp(z).sum(1)))
+
+    rng, total = np.random.default_rng(0), 0.0
+    for _ in range(5):
+        order = rng.permutation(200)
+        for fit, rest in ((order[:100], order[100:]), (order[100:], order[:100])):
+            best = grid[np.argmin([held_out_nll(fit, t).mean() for t in grid])]
+            total += held_out_nll(rest, best).sum()
+    assert calibrated_nll(probs, labels)[0] == pytest.approx(total / 1000, rel=1e-4)
+
+
+def test_fpr_at_95_tpr_hand_case_and_loop() -> None:
+    # 20 OOD scores 1..20 and 10 in-distribution scores 0.5, 2.5, ..., 18.5.  TPR 0.95 first at threshold
+    # 2 (19 of 20 OOD >= 2): in-distribution >= 2 are 2.5..18.5, 9 of 10 -> FPR 0.9.
+    ood, in_dist = np.arange(1.0, 21.0), np.arange(0.5, 20.0, 2.0)
+    is_ood, score = np.r_[np.zeros(10), np.ones(20)], np.r_[in_dist, ood]
+    assert fpr_at_95_tpr(is_ood, score) == pytest.approx(0.9, abs=1e-15)
+    rng = np.random.default_rng(13)
+    is_ood, score = np.r_[np.zeros(70), np.ones(50)], np.r_[rng.normal(size=70), rng.normal(1.5, size=50)]
+    thresholds = np.sort(score)[::-1]
+    loop = next((score[is_ood == 0] >= t).mean() for t in thresholds if (score[is_ood == 1] >= t).mean() >= 0.95)
+    assert fpr_at_95_tpr(is_ood, score) == loop
+
+
+def test_ood_detection_aupr_in_and_out_and_fpr95_by_each_score() -> None:
+    rng = np.random.default_rng(14)
+    in_h, in_mi, ood_h, ood_mi = rng.uniform(size=40), rng.uniform(size=40), rng.uniform(0.3, 1.3, size=30), rng.uniform(size=30)
+    out = ood_detection(in_h, in_mi, ood_h, ood_mi)
+    is_ood = np.r_[np.zeros(40), np.ones(30)]
+    for name, score in (("entropy", np.r_[in_h, ood_h]), ("mi", np.r_[in_mi, ood_mi])):
+        assert out[f"ood_aupr_out_{name}"] == pytest.approx(average_precision_score(is_ood, score), abs=1e-15)
+        assert out[f"ood_aupr_in_{name}"] == pytest.approx(average_precision_score(1 - is_ood, -score), abs=1e-15)
+        assert out[f"ood_fpr95_{name}"] == fpr_at_95_tpr(is_ood, score)
+    assert out["ood_aupr_in_entropy"] != out["ood_aupr_out_entropy"]
+    assert len(out) == 8

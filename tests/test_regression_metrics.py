@@ -10,12 +10,22 @@ import pytest
 import torch
 
 from ursa_ray.data.synthetic_regression import make_dataset
-from ursa_ray.evaluation import RegressionPredictive, regression_metrics
+from ursa_ray.evaluation import (
+    RegressionPredictive,
+    crps_gaussian,
+    gaussian_forecast_metrics,
+    interval_score,
+    miscalibration_area,
+    regression_metrics,
+)
 from ursa_ray.trial import _evaluate, _points
 
 SIGMA = 0.1
-EPISTEMIC = {"mean_std", "rmse_truth", "coverage_95_epistemic"}
-PREDICTIVE = {"mean_std", "rmse", "nll", "coverage_95_predictive"}
+FORECAST = {"crps", "miscalibration_area", "sharpness", "interval_score_95"} | {
+    f"interval_coverage_{level:02d}" for level in range(5, 100, 5)
+}
+EPISTEMIC = {"mean_std", "rmse_truth", "coverage_95_epistemic"} | {f"{k}_epistemic" for k in FORECAST}
+PREDICTIVE = {"mean_std", "rmse", "nll", "coverage_95_predictive"} | FORECAST
 
 
 def two_sample_predictive(mean: np.ndarray, std: np.ndarray) -> RegressionPredictive:
@@ -87,3 +97,77 @@ def test_points_rows_carry_the_model() -> None:
     models = {(row["method"], row["model"]) for row in rows}
     assert models == {("bd", "mlp"), ("blr", "true_features")}
     assert all(row["std"] == pytest.approx(0.1) for row in rows if row["method"] == "bd")
+
+
+def _forecasts(n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Means, stds and targets whose spread is 1.3× the stated one (a miscalibrated forecast)."""
+    rng = np.random.default_rng(seed)
+    mean, std = rng.normal(size=n), rng.uniform(0.2, 2.0, size=n)
+    return mean, std, mean + 1.3 * std * rng.normal(size=n)
+
+
+def test_crps_is_the_integral_of_the_squared_cdf_difference() -> None:
+    """CRPS(F, y) = ∫ (F(x) − 1[x ≥ y])² dx by quadrature, and |y − m| for a point forecast (s = 0)."""
+    from scipy.integrate import quad
+    from scipy.stats import norm
+
+    for m, s, y in ((0.0, 1.0, 0.3), (1.0, 0.5, -0.4), (-2.0, 2.0, 3.0)):
+        below = quad(lambda x: norm.cdf(x, m, s) ** 2, -np.inf, y)[0]
+        above = quad(lambda x: (1 - norm.cdf(x, m, s)) ** 2, y, np.inf)[0]
+        assert crps_gaussian(np.array([m]), np.array([s]), np.array([y]))[0] == pytest.approx(below + above, rel=1e-7)
+    assert crps_gaussian(np.array([1.0]), np.array([0.0]), np.array([-0.5]))[0] == 1.5
+
+
+def test_calibration_curve_and_area_hand_case() -> None:
+    """Four forecasts N(0, 1) at y = 0.01, 0.5, 1.0, 3.0: |y| is inside the central p-interval from
+    p = 2Φ(|y|) − 1 = 0.008, 0.383, 0.683, 0.997; at p = 0.05 one of four, at 0.40 two, at 0.70 three."""
+    mean, std, y = np.zeros(4), np.ones(4), np.array([0.01, 0.5, 1.0, 3.0])
+    out = gaussian_forecast_metrics(mean, std, y)
+    assert [out[f"interval_coverage_{p:02d}"] for p in (5, 35, 40, 65, 70, 95)] == [0.25, 0.25, 0.5, 0.5, 0.75, 0.75]
+    assert out["sharpness"] == 1.0
+    # on the diagonal: 0.  At 0 for every level: the triangle 0.95²/2 up to p = 0.95, then the segment
+    # (0.95, 0) -> (1, 1) whose gap falls from 0.95 to 0: 0.05 · 0.95 / 2.
+    levels = np.arange(1, 20) / 20
+    assert miscalibration_area(levels, levels) == 0.0
+    assert miscalibration_area(levels, np.zeros(19)) == pytest.approx(0.95**2 / 2 + 0.05 * 0.95 / 2, abs=1e-15)
+    # gap +0.05 at p = 0.05 … 0.45, −0.05 at p = 0.50 … 0.95: end segments 0 <-> 0.05 (0.05 · 0.05 / 2
+    # each), flat stretches 0.40 · 0.05 and 0.45 · 0.05, and the crossing segment 0.45 -> 0.50 (gap
+    # 0.05 -> −0.05: two triangles of 0.025 · 0.05 / 2).  Trapezoids of |gap| would give 0.0025 there.
+    crossing = np.where(levels < 0.5, levels + 0.05, levels - 0.05)
+    expected = 2 * 0.05 * 0.05 / 2 + 0.40 * 0.05 + 0.45 * 0.05 + 2 * 0.025 * 0.05 / 2
+    assert miscalibration_area(levels, crossing) == pytest.approx(expected, abs=1e-15)
+
+
+def test_interval_score_hand_case() -> None:
+    """N(0, 1), α = 0.05: width 2·1.95996; y = 3 lies 1.04004 above u: IS = 3.91993 + 40 · 1.04004."""
+    z = 1.959963984540054
+    assert interval_score(np.zeros(1), np.ones(1), np.array([3.0])) == pytest.approx(2 * z + 40 * (3 - z), rel=1e-12)
+    assert interval_score(np.zeros(1), np.ones(1), np.array([-0.5])) == pytest.approx(2 * z, rel=1e-12)
+
+
+def test_forecast_metrics_match_uncertainty_toolbox() -> None:
+    uct = pytest.importorskip("uncertainty_toolbox")
+    mean, std, y = _forecasts()
+    out = gaussian_forecast_metrics(mean, std, y)
+    assert out["crps"] == pytest.approx(uct.crps_gaussian(mean, std, y), rel=1e-12)
+    assert out["sharpness"] == pytest.approx(uct.sharpness(std), rel=1e-12)
+    assert out["interval_score_95"] == pytest.approx(
+        uct.interval_score(mean, std, y, start_p=0.95, end_p=0.95, resolution=1), rel=1e-12
+    )
+    # the toolbox's curve at linspace(0, 1, 21) is ours with (0, 0) and (1, 1) added
+    expected, observed = uct.get_proportion_lists_vectorized(mean, std, y, num_bins=21)
+    np.testing.assert_allclose(
+        [out[f"interval_coverage_{p:02d}"] for p in range(5, 100, 5)], observed[1:-1], rtol=0, atol=1e-15
+    )
+    assert out["miscalibration_area"] == pytest.approx(uct.miscalibration_area(mean, std, y, num_bins=21), rel=1e-9)
+    assert out["miscalibration_area"] > 0.03  # spread 1.3× the stated one: off the diagonal
+
+
+def test_forecast_metrics_in_regression_metrics_use_each_spread() -> None:
+    pred, truth, observed = hand_case()
+    out = regression_metrics(pred, SIGMA, truth=truth, observed=observed)
+    epistemic = gaussian_forecast_metrics(pred.mean, pred.std, truth, "_epistemic")
+    predictive = gaussian_forecast_metrics(pred.mean, np.sqrt(pred.std**2 + SIGMA**2), observed)
+    assert {k: out[k] for k in epistemic} == epistemic
+    assert {k: out[k] for k in predictive} == predictive
+    assert out["sharpness"] == pytest.approx(math.sqrt(np.mean(np.array([0.02, 0.02, 0.0125]))))

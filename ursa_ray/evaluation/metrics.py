@@ -11,8 +11,10 @@ import math
 from typing import Protocol
 
 import numpy as np
-from scipy.special import entr
-from sklearn.metrics import average_precision_score, roc_auc_score
+from scipy.optimize import minimize_scalar
+from scipy.special import entr, log_softmax
+from scipy.stats import norm
+from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from torch import Tensor
 
 from ursa_ray.evaluation.predictive import RegressionPredictive
@@ -90,6 +92,131 @@ def expected_calibration_error(probs: ArrayLike, labels: ArrayLike, n_bins: int 
     return float(np.sum(np.abs(gap)) / len(y))
 
 
+def adaptive_calibration_error(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
+    """Adaptive (equal-mass) ECE (Nixon et al. 2019, "Measuring calibration in deep learning").
+
+    The examples, in ascending order of confidence c_i = max_k p_ik (a stable sort, so ties keep the
+    order they are given in), are cut into ``n_bins`` bins of equal count (``numpy.array_split``: the
+    first n mod B bins get one more); ACE = Σ_b (|B_b| / n) · |acc(B_b) − conf(B_b)| =
+    Σ_b |Σ_{i∈B_b} (1[correct_i] − c_i)| / n, as :func:`expected_calibration_error` sums it.
+    """
+    p, y = _checked(probs, labels)
+    confidence = p.max(axis=1)
+    correct = (p.argmax(axis=1) == y).astype(np.float64)
+    order = np.argsort(confidence, kind="stable")
+    gaps = [np.sum(correct[b] - confidence[b]) for b in np.array_split(order, n_bins)]
+    return float(np.sum(np.abs(gaps)) / len(y))
+
+
+def risk_coverage_curve(errors: ArrayLike, confidence: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """The selective risk at every coverage (Geifman & El-Yaniv 2017; Geifman et al. 2019).
+
+    The examples are accepted in descending order of ``confidence``; after k = 1..n of them the coverage
+    is k/n and the risk the share of errors among the k accepted.  Examples of equal confidence are
+    accepted in random order and the curve is its expectation over that order: within a tie group of m
+    examples holding e errors that starts after a accepted examples with E errors, risk(a + j) =
+    (E + j·e/m)/(a + j), j = 1..m.  So the curve does not depend on the order ties are given in, and a
+    constant score (the MI of a one-sample method) gives the risk of accepting at random.
+    Returns (coverage, risk), each of length n.
+    """
+    wrong = _to_numpy(errors).astype(np.float64).reshape(-1)
+    score = _to_numpy(confidence).astype(np.float64).reshape(-1)
+    if wrong.shape != score.shape or wrong.size == 0:
+        raise ValueError(f"expected errors and confidence of one non-zero length, got {wrong.shape}, {score.shape}")
+    order = np.argsort(-score, kind="stable")
+    sorted_score, sorted_wrong = score[order], wrong[order]
+    starts = np.flatnonzero(np.r_[True, sorted_score[1:] != sorted_score[:-1]])
+    sizes = np.diff(np.r_[starts, len(score)])
+    group_errors = np.add.reduceat(sorted_wrong, starts)
+    errors_before = np.cumsum(group_errors) - group_errors
+    group = np.repeat(np.arange(len(starts)), sizes)
+    within = np.arange(len(score)) - starts[group] + 1
+    accepted = np.arange(1, len(score) + 1)
+    expected_errors = errors_before[group] + within * group_errors[group] / sizes[group]
+    return accepted / len(score), expected_errors / accepted
+
+
+def aurc(errors: ArrayLike, confidence: ArrayLike) -> tuple[float, float]:
+    """(AURC, E-AURC) of a confidence score (Geifman, Uziel & El-Yaniv 2019, "Bias-reduced uncertainty
+    estimation for deep neural classifiers").
+
+    AURC = (1/n) Σ_{k=1..n} risk(k/n) on :func:`risk_coverage_curve`; E-AURC = AURC − AURC*, where AURC* is
+    the AURC of the optimal ordering (every right answer before every error): with r errors,
+    risk*(k) = max(0, k − (n − r)) / k.
+    """
+    coverage, risk = risk_coverage_curve(errors, confidence)
+    n = len(risk)
+    n_errors = float(np.sum(_to_numpy(errors)))
+    k = np.arange(1, n + 1)
+    optimal = np.maximum(0.0, k - (n - n_errors)) / k
+    area = float(np.mean(risk))
+    return area, area - float(np.mean(optimal))
+
+
+def selective_prediction(probs: ArrayLike, labels: ArrayLike, mutual_information: ArrayLike) -> dict[str, float]:
+    """AURC and E-AURC (:func:`aurc`) of the 0/1 loss with confidence max_k p_ik (``maxprob``) and −MI
+    (``mi``): keys ``aurc_maxprob``, ``eaurc_maxprob``, ``aurc_mi``, ``eaurc_mi``."""
+    p, y = _checked(probs, labels)
+    mi = _to_numpy(mutual_information).astype(np.float64, copy=False)
+    errors = p.argmax(axis=1) != y
+    out: dict[str, float] = {}
+    for name, confidence in (("maxprob", p.max(axis=1)), ("mi", -mi)):
+        out[f"aurc_{name}"], out[f"eaurc_{name}"] = aurc(errors, confidence)
+    return out
+
+
+CALIBRATION_SPLITS = 5
+"""Random halvings of the test set averaged by :func:`calibrated_nll` (Ashukha et al. 2020 use five)."""
+
+TEMPERATURE_BOUNDS = (0.01, 100.0)
+
+
+def _tempered_nll(log_probs: np.ndarray, labels: np.ndarray, temperature: float) -> float:
+    """−(1/n) Σ_i log softmax(log_probs_i / T)[y_i]."""
+    scaled = log_softmax(log_probs / temperature, axis=1)
+    return float(-np.mean(scaled[np.arange(len(labels)), labels]))
+
+
+def optimal_temperature(log_probs: np.ndarray, labels: np.ndarray) -> float:
+    """argmin_T of :func:`_tempered_nll` over T in :data:`TEMPERATURE_BOUNDS` (scipy's bounded Brent
+    search on log T, tolerance 1e-6 in log T)."""
+    low, high = np.log(TEMPERATURE_BOUNDS)
+    found = minimize_scalar(
+        lambda log_t: _tempered_nll(log_probs, labels, float(np.exp(log_t))),
+        bounds=(low, high), method="bounded", options={"xatol": 1e-6},
+    )
+    return float(np.exp(found.x))
+
+
+def calibrated_nll(probs: ArrayLike, labels: ArrayLike, smoothing: float = 1e-4) -> tuple[float, float]:
+    """The NLL at the optimal temperature by test-time cross-validation (Ashukha et al. 2020, "Pitfalls of
+    in-domain uncertainty estimation and ensembling in deep learning", §3.5): (calibrated NLL, temperature).
+
+    The test set is halved at random (``numpy.random.default_rng(0)``, :data:`CALIBRATION_SPLITS` times);
+    for each halving and each half, T is fitted on that half (:func:`optimal_temperature`) and the NLL of
+    the other half taken at that T; the calibrated NLL is the mean NLL over all 2·splits held-out halves
+    (each weighted by its size) and the temperature reported the geometric mean of the 2·splits fitted
+    temperatures.  Tempering acts on the log of the (smoothed, as in :func:`nll`) posterior predictive,
+    z_ik = log((1 − ε) p̄_ik + ε/K), p_T = softmax(z / T): at T = 1 this is exactly :func:`nll`, and it
+    is what a saved prediction table holds.  (Ashukha et al. temper each member's logits before averaging;
+    that needs the per-sample logits, which the saved predictive does not keep.)
+    """
+    p, y = _checked(probs, labels)
+    if len(y) < 2:
+        return math.nan, math.nan  # no halves to fit on and evaluate
+    log_probs = np.log((1.0 - smoothing) * p + smoothing / p.shape[1])
+    rng = np.random.default_rng(0)
+    total, temperatures = 0.0, []
+    for _ in range(CALIBRATION_SPLITS):
+        order = rng.permutation(len(y))
+        halves = (order[: len(y) // 2], order[len(y) // 2 :])
+        for fit, held_out in (halves, halves[::-1]):
+            temperature = optimal_temperature(log_probs[fit], y[fit])
+            temperatures.append(temperature)
+            total += len(held_out) * _tempered_nll(log_probs[held_out], y[held_out], temperature)
+    return total / (CALIBRATION_SPLITS * len(y)), float(np.exp(np.mean(np.log(temperatures))))
+
+
 def _auroc_aupr(is_positive: np.ndarray, score: np.ndarray) -> tuple[float, float]:
     return float(roc_auc_score(is_positive, score)), float(average_precision_score(is_positive, score))
 
@@ -117,20 +244,37 @@ def misclassification_detection(
     return out
 
 
+def fpr_at_95_tpr(is_positive: ArrayLike, score: ArrayLike) -> float:
+    """The false-positive rate at the first threshold whose true-positive rate reaches 0.95 (Hendrycks &
+    Gimpel 2017; Liang et al. 2018): FPR at min{t : TPR(t) ≥ 0.95} on sklearn's ``roc_curve`` (every
+    threshold kept), positives those with larger scores."""
+    fpr, tpr, _ = roc_curve(_to_numpy(is_positive), _to_numpy(score), drop_intermediate=False)
+    return float(fpr[np.searchsorted(tpr, 0.95, side="left")])
+
+
 def ood_detection(
     in_total_entropy: ArrayLike, in_mi: ArrayLike, ood_total_entropy: ArrayLike, ood_mi: ArrayLike
 ) -> dict[str, float]:
-    """AUROC of separating an out-of-distribution set (label 1) from the in-distribution test set
-    (label 0), scored by total predictive entropy and by mutual information."""
+    """How well an out-of-distribution set (label 1) is told from the in-distribution test set (label 0),
+    scored by total predictive entropy (``entropy``) and by mutual information (``mi``).
+
+    Per score: ``ood_auroc_*`` (sklearn ``roc_auc_score``); ``ood_fpr95_*`` (:func:`fpr_at_95_tpr`, OOD
+    positive); ``ood_aupr_out_*``, the average precision with OOD as the positive class and the score as
+    is, and ``ood_aupr_in_*``, with in-distribution as the positive class and the negated score
+    (sklearn ``average_precision_score``; Hendrycks & Gimpel 2017).
+    """
     is_ood = np.concatenate([np.zeros(len(in_total_entropy)), np.ones(len(ood_total_entropy))])
     entropy = np.concatenate([_to_numpy(in_total_entropy), _to_numpy(ood_total_entropy)])
     mi = np.concatenate([_to_numpy(in_mi), _to_numpy(ood_mi)])
     if mi.shape != entropy.shape:
         raise ValueError("entropy and mutual information arrays must have matching lengths")
-    return {
-        "ood_auroc_entropy": float(roc_auc_score(is_ood, entropy)),
-        "ood_auroc_mi": float(roc_auc_score(is_ood, mi)),
-    }
+    out: dict[str, float] = {}
+    for name, score in (("entropy", entropy), ("mi", mi)):
+        out[f"ood_auroc_{name}"] = float(roc_auc_score(is_ood, score))
+        out[f"ood_fpr95_{name}"] = fpr_at_95_tpr(is_ood, score)
+        out[f"ood_aupr_out_{name}"] = float(average_precision_score(is_ood, score))
+        out[f"ood_aupr_in_{name}"] = float(average_precision_score(1 - is_ood, -score))
+    return out
 
 
 def decision_cost(probs: ArrayLike, labels: ArrayLike, cost_matrix: ArrayLike) -> float:
@@ -152,9 +296,10 @@ def classification_metrics(
 ) -> dict[str, float]:
     """All in-distribution metrics of a classification predictive.
 
-    Keys: accuracy, nll (ε = 1e-4), brier, ece (15 bins), the six ``misclass_*`` keys, ``mean_entropy``
-    (mean total predictive entropy), ``mean_mi`` (mean mutual information) and, when ``cost_matrix`` is
-    given, ``decision_cost``.
+    Keys: accuracy, nll (ε = 1e-4), brier, ece (15 bins), ``ece_adaptive`` (15 equal-mass bins), the six
+    ``misclass_*`` keys, the four of :func:`selective_prediction`, ``nll_calibrated`` and
+    ``calibration_temperature`` (:func:`calibrated_nll`), ``mean_entropy`` (mean total predictive
+    entropy), ``mean_mi`` (mean mutual information) and, when ``cost_matrix`` is given, ``decision_cost``.
     """
     probs = pred.mean_probs
     mi = pred.mutual_information
@@ -163,10 +308,13 @@ def classification_metrics(
         "nll": nll(probs, labels),
         "brier": brier(probs, labels),
         "ece": expected_calibration_error(probs, labels),
+        "ece_adaptive": adaptive_calibration_error(probs, labels),
         **misclassification_detection(probs, labels, mi),
+        **selective_prediction(probs, labels, mi),
         "mean_entropy": float(np.mean(pred.total_entropy)),
         "mean_mi": float(np.mean(mi)),
     }
+    out["nll_calibrated"], out["calibration_temperature"] = calibrated_nll(probs, labels)
     if cost_matrix is not None:
         out["decision_cost"] = decision_cost(probs, labels, cost_matrix)
     return out
@@ -177,6 +325,64 @@ def ood_metrics(in_pred: ClassificationSummary, ood_pred: ClassificationSummary)
     return ood_detection(
         in_pred.total_entropy, in_pred.mutual_information, ood_pred.total_entropy, ood_pred.mutual_information
     )
+
+
+INTERVAL_LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 20))
+"""Levels p = 0.05, 0.10, …, 0.95 of the central intervals of the regression calibration curve."""
+
+
+def crps_gaussian(mean: np.ndarray, std: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """CRPS of N(m, s²) at y, per example (Gneiting & Raftery 2007, eq. 21), with z = (y − m)/s:
+    CRPS = s [z (2Φ(z) − 1) + 2φ(z) − 1/√π]; |y − m| where s = 0 (a point forecast)."""
+    error = y - mean
+    safe = np.where(std > 0, std, 1.0)
+    z = error / safe
+    crps = safe * (z * (2 * norm.cdf(z) - 1) + 2 * norm.pdf(z) - 1 / math.sqrt(math.pi))
+    return np.where(std > 0, crps, np.abs(error))
+
+
+def interval_coverage(mean: np.ndarray, std: np.ndarray, y: np.ndarray, level: float) -> float:
+    """Share of y inside the central interval of N(m, s²) of probability ``level``:
+    (1/n) Σ_i 1[|y_i − m_i| ≤ z s_i], z = Φ⁻¹(½ + level/2)."""
+    return float(np.mean(np.abs(y - mean) <= norm.ppf(0.5 + level / 2) * std))
+
+
+def miscalibration_area(levels: np.ndarray, observed: np.ndarray) -> float:
+    """∫₀¹ |obs(p) − p| dp for the calibration curve through (0, 0), (levels, observed) and (1, 1), taken
+    piecewise linear and integrated exactly, crossings of the diagonal included (Tran et al. 2020's
+    miscalibration area, uncertainty-toolbox's polygon area).  On a segment of width h whose gaps d₀, d₁
+    to the diagonal share a sign the area is h (|d₀| + |d₁|)/2; across a crossing h (d₀² + d₁²)/(2(|d₀| + |d₁|))."""
+    p = np.r_[0.0, levels, 1.0]
+    gap = np.r_[0.0, observed, 1.0] - p
+    h, d0, d1 = np.diff(p), gap[:-1], gap[1:]
+    same = d0 * d1 >= 0
+    spread = np.abs(d0) + np.abs(d1)
+    crossing = (d0**2 + d1**2) / (2 * np.where(spread > 0, spread, 1.0))
+    return float(np.sum(h * np.where(same, spread / 2, crossing)))
+
+
+def interval_score(mean: np.ndarray, std: np.ndarray, y: np.ndarray, alpha: float = 0.05) -> float:
+    """Mean interval score of the central (1 − α) interval [l, u] of N(m, s²) (Gneiting & Raftery 2007,
+    eq. 43): (u − l) + (2/α)(l − y) 1[y < l] + (2/α)(y − u) 1[y > u]."""
+    half = norm.ppf(1 - alpha / 2) * std
+    lower, upper = mean - half, mean + half
+    score = (upper - lower) + (2 / alpha) * np.maximum(lower - y, 0.0) + (2 / alpha) * np.maximum(y - upper, 0.0)
+    return float(np.mean(score))
+
+
+def gaussian_forecast_metrics(mean: np.ndarray, std: np.ndarray, y: np.ndarray, suffix: str = "") -> dict[str, float]:
+    """Scores of the Gaussian forecasts N(m_i, s_i²) against y, each key ending in ``suffix``:
+    ``crps`` (mean :func:`crps_gaussian`), ``interval_coverage_05`` … ``_95`` (:func:`interval_coverage` at
+    :data:`INTERVAL_LEVELS`, the calibration curve), ``miscalibration_area`` (:func:`miscalibration_area`
+    of that curve), ``sharpness`` = √((1/n) Σ_i s_i²) (Tran et al. 2020; uncertainty-toolbox's definition,
+    the root-mean-square predictive std) and ``interval_score_95`` (:func:`interval_score`, α = 0.05)."""
+    curve = np.array([interval_coverage(mean, std, y, level) for level in INTERVAL_LEVELS])
+    out = {f"crps{suffix}": float(np.mean(crps_gaussian(mean, std, y)))}
+    out.update({f"interval_coverage_{round(100 * p):02d}{suffix}": float(c) for p, c in zip(INTERVAL_LEVELS, curve)})
+    out[f"miscalibration_area{suffix}"] = miscalibration_area(np.array(INTERVAL_LEVELS), curve)
+    out[f"sharpness{suffix}"] = float(np.sqrt(np.mean(std**2)))
+    out[f"interval_score_95{suffix}"] = interval_score(mean, std, y)
+    return out
 
 
 def regression_metrics(
@@ -200,6 +406,10 @@ def regression_metrics(
       ``nll`` = (1/n) Σ_i [½ log(2π v_i) + (y_i − m_i)² / (2 v_i)] and
       ``coverage_95_predictive`` = (1/n) Σ_i 1[|y_i − m_i| ≤ 1.96 √v_i].
 
+    Beside these, :func:`gaussian_forecast_metrics` of N(m_i, s_i²) against t (keys ending
+    ``_epistemic``) and of N(m_i, v_i) against y (no suffix): CRPS, the calibration curve of central
+    intervals at levels 0.05 … 0.95, its miscalibration area, sharpness and the 95% interval score.
+
     A set gets the metrics of the targets it has: give ``truth``, ``observed`` or both.
     """
     if truth is None and observed is None:
@@ -217,10 +427,12 @@ def regression_metrics(
         error = np.abs(mean - targets(truth, "truth"))
         out["rmse_truth"] = float(np.sqrt(np.mean(error**2)))
         out["coverage_95_epistemic"] = float(np.mean(error <= 1.96 * std))
+        out.update(gaussian_forecast_metrics(mean, std, targets(truth, "truth"), "_epistemic"))
     if observed is not None:
         error = np.abs(targets(observed, "observed targets") - mean)
         var = std**2 + float(noise_std) ** 2
         out["rmse"] = float(np.sqrt(np.mean(error**2)))
         out["nll"] = float(np.mean(0.5 * np.log(2 * np.pi * var) + 0.5 * error**2 / var))
         out["coverage_95_predictive"] = float(np.mean(error <= 1.96 * np.sqrt(var)))
+        out.update(gaussian_forecast_metrics(mean, np.sqrt(var), targets(observed, "observed targets")))
     return out
