@@ -73,3 +73,23 @@ def test_api_accepts_a_path_a_dict_or_a_grid_and_rejects_anything_else(tmp_path)
     with pytest.raises(GridError, match=r"<grid dict>: seeds"):
         ursa_ray.run({**GRID, "seeds": "many"}, out=tmp_path / "never")
     assert not (tmp_path / "never").exists()  # rejected before anything was written
+
+
+def test_run_with_an_address_where_no_cluster_answers_fails_fast_in_one_line(tmp_path):
+    """``run --address 127.0.0.1:1``: one line naming the address, exit 2, nothing written, in seconds (the
+    subprocess's timeout only guards against the old behaviour: ``ray.init`` retrying the head for minutes)."""
+    import subprocess
+    import sys
+
+    grid_file = tmp_path / "g.yaml"
+    grid_file.write_text(yaml.safe_dump(GRID))
+    out = tmp_path / "never"
+    env = {k: v for k, v in __import__("os").environ.items() if k != "RAY_ADDRESS"}
+    run = subprocess.run(
+        [sys.executable, "-m", "ursa_ray.cli", "run", str(grid_file), "--out", str(out), "--address", "127.0.0.1:1"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --address 127.0.0.1:1: no Ray cluster answers there"), run.stderr
+    assert not out.exists()

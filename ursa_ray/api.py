@@ -71,6 +71,7 @@ def run(
     grid.trial_specs()  # every hyperparameter resolves before anything starts
     where = results_location(grid, out)
     check_out_location(where)
+    _check_address(address)
     fingerprint = check_grid(where, grid, allow_grid_change)  # a quick refusal before the lock is taken
     with results_lock(where, echo):
         check_grid(where, grid, allow_grid_change)  # again, now that no other run can change it
@@ -79,6 +80,24 @@ def run(
         summary = run_grid(grid, where, address=address, echo=echo, keep_grid=lambda at: record_grid(at, grid, fingerprint))
         _compact(where, echo)
         return summary
+
+
+def _check_address(address: str | None) -> None:
+    """GridError (one line, before anything is written) when ``address`` (else ``RAY_ADDRESS``) names a Ray cluster
+    whose head does not answer within 3 s: ``ray.init`` would retry it for minutes."""
+    import os
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        return
+    from ursa_ray.tune.trials import unreachable  # imports Ray: only when a cluster is named
+
+    reason = unreachable(address)
+    if reason is not None:
+        raise GridError(
+            f"--address {address}: no Ray cluster answers there ({reason}); start one (`ray start --head`), "
+            "or leave out --address and RAY_ADDRESS for a local Ray"
+        )
 
 
 def compact(out: str | Path | Location, echo: Callable[[str], None] = print) -> dict[str, tuple[int, int]]:

@@ -20,27 +20,6 @@ from ursa_ray.grid import Grid, GridError, check_data, load_grid
 from ursa_ray.registry import Catalogue
 
 
-def _unreachable(address: str) -> str | None:
-    """Why no Ray cluster answers at ``address``, or None when its head accepts a TCP connection within 3 s
-    (``ray.init`` would otherwise wait minutes for an absent head)."""
-    import socket
-
-    from ray._private.services import canonicalize_bootstrap_address
-
-    try:
-        head = canonicalize_bootstrap_address(address.removeprefix("ray://"))  # "auto": the cluster `ray start` left here
-    except ValueError as exc:
-        return str(exc)
-    if head is None:
-        return "no running cluster found"
-    host, _, port = head.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=3).close()
-    except OSError as exc:
-        return exc.strerror or str(exc) or type(exc).__name__
-    return None
-
-
 def _check_resources(grid: Grid, address: str | None) -> str:
     """``run``'s resource-fit check (:func:`ursa_ray.tune.trials.check_cluster_fits`) against the Ray cluster
     at ``address`` (else ``RAY_ADDRESS``) when one is reachable; never starts a local Ray.  Returns the line
@@ -48,9 +27,9 @@ def _check_resources(grid: Grid, address: str | None) -> str:
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         return "resources: not checked: no Ray cluster given (set RAY_ADDRESS or pass --address to check them)"
-    from ursa_ray.tune.trials import check_cluster_fits, connect, describe, grid_requests
+    from ursa_ray.tune.trials import check_cluster_fits, connect, describe, grid_requests, unreachable
 
-    reason = _unreachable(address)
+    reason = unreachable(address)
     if reason is None:
         try:
             connect(address)
@@ -68,7 +47,7 @@ def _check_resources(grid: Grid, address: str | None) -> str:
 def _cmd_validate(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid)
     check_data(grid)
-    specs = grid.trial_specs()
+    grid.check_cells()
     resources = _check_resources(grid, args.address)
     cells = len(grid.cells())
     search = ""
@@ -78,7 +57,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         search = f"; search phase: {grid.search.algorithm}, {limit} per cell for {searched} method(s)"
     print(
         f"{args.grid}: valid: {len(grid.methods)} methods x {len(grid.models)} models x {len(grid.datasets)} datasets "
-        f"-> {cells} cells x {len(grid.seeds)} seeds = {len(specs)} final trials{search}"
+        f"-> {cells} cells x {len(grid.seeds):,} seeds = {grid.n_final_trials():,} final trials{search}"
     )
     print(resources)
     return 0
@@ -130,11 +109,29 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_tables(results: str) -> None:
+    """NotAResultsDirectory when the metrics table of ``results`` is missing (deleted) though trials finished:
+    a report would show nothing without a word; a rerun restores it (:meth:`ResultsDirectory.finished_ids`)."""
+    from ursa_ray.results import FINISHED, Location, NotAResultsDirectory, ResultsDirectory, is_uri
+
+    directory = ResultsDirectory(Location.parse(results if is_uri(results) else Path(results)))
+    if not directory.folder("trials").exists() or directory.folder("metrics").exists():
+        return
+    trials = directory.read("trials", ["status"])
+    finished = int(trials["status"].isin(FINISHED).sum())
+    if finished:
+        raise NotAResultsDirectory(
+            f"{results}: metrics.parquet is missing though {finished} trial(s) finished; run the same "
+            f"`ursa-ray run GRID --out {results}` again to restore it (every trial reruns)"
+        )
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import write_report
     from ursa_ray.results import NotAResultsDirectory
 
     try:
+        _check_tables(args.results)
         text = write_report(args.results, cost=args.cost)
     except NotAResultsDirectory as exc:
         print(f"error: {exc}", file=sys.stderr)

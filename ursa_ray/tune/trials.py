@@ -46,6 +46,28 @@ from ursa_ray.tune.trainable import placement, request, run_ursa_trial, search_t
 Echo = Callable[[str], None]
 
 
+def unreachable(address: str) -> str | None:
+    """Why no Ray cluster answers at ``address``, or None when its head accepts a TCP connection within 3 s
+    (``ray.init`` would otherwise retry an absent head for minutes).  ``auto``: the cluster ``ray start`` left on
+    this machine; ``ray://host:port``: a Ray Client server."""
+    import socket
+
+    from ray._private.services import canonicalize_bootstrap_address  # covered by tests/test_ray_internals.py
+
+    try:
+        head = canonicalize_bootstrap_address(address.removeprefix("ray://"))
+    except ValueError as exc:
+        return str(exc)
+    if head is None:
+        return "no running cluster found"
+    host, _, port = head.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+    except (OSError, ValueError) as exc:
+        return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return None
+
+
 def connect(address: str | None) -> None:
     """Join the cluster at ``address`` (or ``RAY_ADDRESS``), else start a small local Ray."""
     if ray.is_initialized():
