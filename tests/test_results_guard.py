@@ -126,6 +126,51 @@ def test_the_lock_of_a_killed_run_is_taken_over_with_a_message(tmp_path):
     assert not (out / ".lock").exists()  # released at the end
 
 
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_drivers_starting_together_on_a_stale_lock_take_it_over_one_at_a_time(tmp_path):
+    """Issue 27.5: two drivers starting together on a killed run's lock both held it in 2 of 20 tries (each
+    read the stale holder, removed the lock and created its own).  Here 8 threads (each its own open file, as
+    separate processes would have) start at one barrier on a stale lock, 25 times: at no moment do two hold it,
+    and at least one gets it every time.  Catches a takeover that is not atomic (the old unlink-and-recreate)."""
+    import socket
+    import threading
+
+    dead = _dead_pid()
+    for repetition in range(25):
+        out = tmp_path / f"r{repetition}"
+        out.mkdir()
+        (out / ".lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead, "started_at": 0.0}))
+        barrier, guard = threading.Barrier(8), threading.Lock()
+        holding, most, took, refused = [0], [0], [], []
+
+        def driver(i: int) -> None:
+            barrier.wait()
+            try:
+                with results_lock(Location.parse(out), echo=lambda line: None):
+                    with guard:
+                        holding[0] += 1
+                        most[0] = max(most[0], holding[0])
+                    time.sleep(0.02)
+                    with guard:
+                        holding[0] -= 1
+                    took.append(i)
+            except ResultsDirError:
+                refused.append(i)
+
+        threads = [threading.Thread(target=driver, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert most[0] == 1 and len(took) >= 1 and len(took) + len(refused) == 8, (repetition, most, took, refused)
+        assert not (out / ".lock").exists()
+
+
 def test_the_lock_is_released_on_an_exception(tmp_path):
     out = Location.parse(tmp_path / "results")
     with pytest.raises(KeyboardInterrupt), results_lock(out):

@@ -6,9 +6,9 @@
   (``grid.json``: its fingerprint, from the sorted final trial ids plus the search settings, so comments and key
   order do not count); a different grid is refused unless ``allow_grid_change``, which keeps every version
   (``grid.yaml``, the latest, and ``grid-versions/<fingerprint>.yaml``).
-- :func:`results_lock`: an exclusive lock ``DIR/.lock`` (host, pid, start time) for the whole run, created
-  with ``O_CREAT | O_EXCL``; a lock whose holder on this host no longer exists is taken over.  Local
-  directories only: an object-store directory is not locked (a warning says so).
+- :func:`results_lock`: an exclusive lock ``DIR/.lock`` (host, pid, start time) for the whole run: on a local
+  disk an ``fcntl.flock`` on it, which dies with its process, so a killed run's lock is taken over atomically;
+  on an object store a lease object with an expiry that the live run renews (:mod:`ursa_ray.lease`).
 
 Every refusal is a :class:`ResultsDirError` (a :class:`~ursa_ray.grid.GridError`: one line, exit status 2).
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -24,6 +25,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from ursa_ray.grid import Grid, GridError
@@ -48,6 +50,12 @@ def check_out_location(where: Location) -> None:
     path = where.local_path
     if path.exists() and not path.is_dir():
         raise ResultsDirError(f"--out {path}: is a file, not a results directory; choose another --out")
+    for parent in path.absolute().parents:  # absolute, not resolved: a table folder is a link into .tables/
+        if (parent / "trials.parquet").exists() or (parent / GRID_RECORD).exists():
+            raise ResultsDirError(
+                f"--out {path}: inside the results directory {parent} (whose tables readers would then fail to "
+                "read); choose an --out outside it"
+            )
     existing = path
     while not existing.exists():
         existing = existing.parent
@@ -137,10 +145,11 @@ def _describe(holder: dict[str, Any]) -> str:
 
 @contextlib.contextmanager
 def results_lock(where: Location, echo: Callable[[str], None] = print) -> Iterator[None]:
-    """Hold ``where/.lock`` for the block (released on return, exception and Ctrl-C alike).
+    """Hold the results directory's lock for the block (released on return, exception and Ctrl-C alike).
 
-    ResultsDirError when another live run holds it; a lock left by a process of this host that no longer
-    exists (killed, say) is taken over with a message.  Object stores: not locked (a warning is printed)."""
+    ResultsDirError when another live run holds it.  A local directory's lock is ``where/.lock`` held with
+    ``fcntl.flock`` (:func:`_local_lock`); an object store's is a lease object that the run renews
+    (:class:`ursa_ray.lease.Lease`)."""
     if not where.is_local:
         echo(f"warning: {where}: object-store results are not locked; run one `ursa-ray run` per --out at a time")
         yield
@@ -148,40 +157,70 @@ def results_lock(where: Location, echo: Callable[[str], None] = print) -> Iterat
     directory = where.local_path
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
-    lock = directory / LOCK
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()}
-    mine = json.dumps(me)
-    for attempt in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                holder = _holder(lock.read_text())
-            except FileNotFoundError:
-                continue  # released meanwhile: try again
-            stale = holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not _alive(holder["pid"])
-            if stale and attempt == 0:
-                echo(f"{directory}: taking over the stale lock of {_describe(holder)} (that process no longer exists)")
-                lock.unlink(missing_ok=True)
-                continue
-            raise ResultsDirError(
-                f"{directory}: in use by another ursa-ray run ({_describe(holder)}); wait for it to end, "
-                f"use another --out, or remove {lock} if that process is not an ursa-ray run"
-            ) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(mine)
-        break
-    else:
-        raise ResultsDirError(f"{directory}: could not take its lock {lock}; try again")
     try:
-        yield
+        with _local_lock(directory / LOCK, echo):
+            yield
     finally:
-        with contextlib.suppress(OSError):
-            if lock.read_text() == mine:
-                lock.unlink()
         if created:  # a run refused after the lock (no node fits a trial, say) leaves no empty directory behind
             with contextlib.suppress(OSError):
                 directory.rmdir()
+
+
+@contextlib.contextmanager
+def _local_lock(lock: Path, echo: Callable[[str], None]) -> Iterator[None]:
+    """Hold ``lock`` (host, pid, start time inside) with an exclusive ``fcntl.flock`` for the block.
+
+    The kernel releases a flock when its process dies, and only one process can take it, so taking over a
+    killed run's lock is atomic: of several drivers starting together on a stale lock exactly one gets it.
+    After taking the flock the file must still be the one at ``lock`` (a releasing run unlinks it while
+    holding its flock), else the attempt starts again.  A record naming a live process of this host (an
+    ursa-ray older than the flock) or another host (whose liveness cannot be seen here) is respected as
+    before.  Local filesystems (and NFS with its lock manager) only."""
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": time.time()}
+    for _ in range(100):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(_read(fd))
+            os.close(fd)
+            raise _in_use(lock, holder) from None
+        try:
+            current = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)  # released (unlinked) between our open and our flock: take the new file
+    else:
+        raise ResultsDirError(f"{lock.parent}: could not take its lock {lock}; try again")
+    try:
+        holder = _holder(_read(fd))
+        if holder:
+            stale = holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not _alive(holder["pid"])
+            if not stale:
+                raise _in_use(lock, holder)
+            echo(f"{lock.parent}: taking over the stale lock of {_describe(holder)} (that process no longer exists)")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                lock.unlink()  # while the flock is held: a run waiting on this file sees it gone and retries
+    finally:
+        os.close(fd)
+
+
+def _read(fd: int) -> str:
+    return os.pread(fd, 65536, 0).decode(errors="replace")
+
+
+def _in_use(lock: Path, holder: dict[str, Any]) -> ResultsDirError:
+    return ResultsDirError(
+        f"{lock.parent}: in use by another ursa-ray run ({_describe(holder)}); wait for it to end, "
+        f"use another --out, or remove {lock} if that process is not an ursa-ray run"
+    )
 
 
 __all__ = [
