@@ -317,6 +317,33 @@ def test_kept_sample_indices_are_even_and_end_with_the_last() -> None:
     assert len(set(kept)) == 20 and kept[-1] == 29 and max(np.diff(kept)) == 2
 
 
+@pytest.mark.parametrize("chains_in_turn", [False, True], ids=["interleaved", "chains-in-turn"])
+def test_kept_sample_indices_take_every_chains_last_samples(chains_in_turn: bool) -> None:
+    """C chains of S samples: the M kept are shared evenly by the chains, each keeping its own evenly spaced
+    draws ending with its last, at their positions in the stream's order (catches a plan over S samples
+    only, and evenly spaced positions over C·S interleaved ones, which land on one chain when C divides
+    the spacing: 19, 39, ... of 4 × 100 are all chain 4's)."""
+    n_chains, per_chain = 4, 100
+
+    def chain_and_draw(position: int) -> tuple[int, int]:
+        if chains_in_turn:
+            return divmod(position, per_chain)
+        draw, chain = divmod(position, n_chains)
+        return chain, draw
+
+    kept = kept_sample_indices(per_chain, 20, n_chains, chains_in_turn)
+    assert len(kept) == 20 and list(kept) == sorted(set(kept))
+    by_chain: dict[int, list[int]] = {}
+    for position in kept:
+        chain, draw = chain_and_draw(position)
+        by_chain.setdefault(chain, []).append(draw)
+    assert by_chain == {c: [19, 39, 59, 79, 99] for c in range(n_chains)}
+    uneven = [chain_and_draw(p) for p in kept_sample_indices(per_chain, 6, n_chains, chains_in_turn)]
+    assert sorted(uneven) == [(0, 49), (0, 99), (1, 49), (1, 99), (2, 99), (3, 99)]
+    assert kept_sample_indices(3, 20, n_chains, chains_in_turn) == tuple(range(12))  # every sample
+    assert kept_sample_indices(per_chain, 20, 1, chains_in_turn) == kept_sample_indices(per_chain, 20)
+
+
 def test_pixel_scale_matches_the_loaders() -> None:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split

@@ -145,9 +145,11 @@ def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
 
 def test_transfer_attack_scores_every_method_on_the_examples_of_its_seeds_sgd_trial(tiny_run):
     """The sgd trial of each seed ran first and saved its crafted examples; mc_dropout's trial of the same
-    seed was scored on them (``transfer_from``).  For sgd itself the transfer sets are its white-box sets;
-    for mc_dropout they differ from its own white-box ones (another network crafted them, and the clean
-    images are scored by its whole stream rather than by the attacked average of kept samples)."""
+    seed was scored on them (``transfer_from``).  They were crafted on a source network of the sgd trial's
+    own (its own initialisation and data order), so for sgd too they differ from its white-box sets but for
+    the clean images; for mc_dropout they differ from its own white-box ones (another network crafted them,
+    and the clean images are scored by its whole stream rather than by the attacked average of kept
+    samples)."""
     _, results = tiny_run
     trials = pd.read_parquet(results / "trials.parquet").set_index("trial_id")
     metrics = pd.read_parquet(results / "metrics.parquet")
@@ -168,7 +170,11 @@ def test_transfer_attack_scores_every_method_on_the_examples_of_its_seeds_sgd_tr
         return rows.assign(eval_set=rows["eval_set"].str.slice(len(kind))).set_index(["eval_set", "metric"])["value"]
 
     for trial_id in sources.index:
-        pd.testing.assert_series_equal(values(trial_id, "transfer:"), values(trial_id, "adv:"), check_names=False)
+        transfer, white_box = values(trial_id, "transfer:"), values(trial_id, "adv:")
+        pd.testing.assert_index_equal(transfer.index, white_box.index)
+        assert transfer["clean"].equals(white_box["clean"])
+        attacked = [k for k in transfer.index if k[0] != "clean" and k[1] == "accuracy"]
+        assert not transfer[attacked].equals(white_box[attacked])
     dropout = in_domain[in_domain["method"] == "mc_dropout"].index[0]
     transfer, white_box = values(dropout, "transfer:"), values(dropout, "adv:")
     assert not transfer.equals(white_box)

@@ -9,6 +9,7 @@ cannot differ between them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -67,7 +68,7 @@ class TrialOutcome:
     """A transfer source's crafted adversarial examples (:func:`examples_to_bytes`), for the other trials."""
 
 
-RANDOM_STREAMS = ("init", "data", "split", "corruption")
+RANDOM_STREAMS = ("init", "data", "split", "corruption", "transfer_init", "transfer_data", "attack")
 
 
 def trial_seeds(seed: int) -> dict[str, int]:
@@ -78,10 +79,13 @@ def trial_seeds(seed: int) -> dict[str, int]:
     - ``data``: ``problem.generator`` (mini-batch order, augmentation, bootstrap resampling, and the
       methods' own draws: SG-MCMC and HMC take their noise key from it once, before the first step);
     - ``split``: the search phase's validation split (the same for every configuration of a cell);
-    - ``corruption``: the random draws of the common corruptions (the same images for every method).
+    - ``corruption``: the random draws of the common corruptions (the same images for every method);
+    - ``transfer_init``, ``transfer_data``: the transfer source network's initialisation and mini-batch
+      order (:func:`train_transfer_source`), which no method's own network shares;
+    - ``attack``: the adversarial attacks' draws (PGD's random start, the kept samples' dropout masks).
 
     No two streams share bits, of one trial or of two seeds (SeedSequence hashes the seed and the
-    child's index).
+    child's index).  A stream appended to ``RANDOM_STREAMS`` leaves the others' values unchanged.
     """
     children = np.random.SeedSequence(seed).spawn(len(RANDOM_STREAMS))
     return {name: int(c.generate_state(1, np.uint64)[0]) for name, c in zip(RANDOM_STREAMS, children, strict=True)}
@@ -141,31 +145,79 @@ def corrupted_sets(
     }
 
 
-def planned_samples(config: Mapping[str, Any]) -> int:
-    """The number of samples a method's stream yields, from its configuration (which samples the adversarial
-    model average keeps depends on it): ``n_samples``, or ``n_cycles × samples_per_cycle`` (cyclical
-    SG-MCMC), else 1 (point estimates)."""
+def planned_samples(config: Mapping[str, Any]) -> tuple[int, int]:
+    """(S, C): the samples per chain and the chains of a method's stream, from its configuration (which
+    samples the adversarial model average keeps depends on them): S = ``n_samples``, or
+    ``n_cycles × samples_per_cycle`` (cyclical SG-MCMC), else 1 (point estimates); C = ``n_chains``
+    (SG-MCMC, HMC), else 1.  The stream yields C·S samples."""
     if "n_samples" in config:
-        return int(config["n_samples"])
-    if "n_cycles" in config:
-        return int(config["n_cycles"] * config["samples_per_cycle"])
-    return 1
+        per_chain = int(config["n_samples"])
+    elif "n_cycles" in config:
+        per_chain = int(config["n_cycles"] * config["samples_per_cycle"])
+    else:
+        per_chain = 1
+    return per_chain, int(config.get("n_chains", 1))
 
 
-def _attack(
+def chains_in_turn(method: Any, probe: torch.nn.Module, problem: Problem) -> bool:
+    """Whether ``method``'s stream pools its chains one after another rather than interleaved: SG-MCMC
+    runs them in turn when its network cannot be batched (``sgmcmc._SGMCMC.sample_posterior``); HMC and
+    every batched stream yield, at each sampling step, chain 1's sample, then chain 2's, ..."""
+    from ursa_ray.methods.sgmcmc import _SGMCMC
+
+    return isinstance(method, _SGMCMC) and not batched.can_batch(probe, problem)
+
+
+def _craft(
     spec: Mapping[str, Any], ds: data.base.Dataset, attacked: ModelAverage, test: tuple[Tensor, Tensor], seed: int
-) -> tuple[AdversarialExamples, AdversarialPredictives]:
+) -> AdversarialExamples:
     """FGSM/PGD on the first ``n_examples`` test images against the model average of the kept samples
-    (white box: the attacker knows p̄ and its gradient), scored under that same model average."""
+    (white box: the attacker knows p̄ and its gradient); ``seed`` (the ``attack`` stream) draws PGD's start."""
     settings = spec["adversarial"]
     x, y = test[0][: settings["n_examples"]], test[1][: settings["n_examples"]].to(test[0].device)
     scale = PixelScale(ds.pixel_mean, ds.pixel_std)
     epsilons = AdversarialSettings(**settings).epsilons_for(spec["dataset"])
-    examples = craft(attacked, x, y, scale, settings["attacks"], epsilons, steps=settings["pgd_steps"], seed=seed)
-    scored = AdversarialPredictives(examples, ds.n_outputs)
+    return craft(attacked, x, y, scale, settings["attacks"], epsilons, steps=settings["pgd_steps"], seed=seed)
+
+
+def _attack(
+    spec: Mapping[str, Any], ds: data.base.Dataset, attacked: ModelAverage, test: tuple[Tensor, Tensor], seed: int
+) -> AdversarialPredictives:
+    """The white-box sets (:func:`_craft`) scored under the model average that was attacked."""
+    scored = AdversarialPredictives(_craft(spec, ds, attacked, test, seed), ds.n_outputs)
     for predictor in attacked.predictors():
         scored.update(predictor)
-    return examples, scored
+    return scored
+
+
+def train_transfer_source(
+    spec: Mapping[str, Any],
+    ds: data.base.Dataset,
+    method: Any,
+    problem: Problem,
+    build: Callable[[], torch.nn.Module],
+    test: tuple[Tensor, Tensor],
+    seeds: Mapping[str, int],
+) -> AdversarialExamples:
+    """The transfer attack's examples, crafted by the cell's transfer source (its ``sgd`` trial) on a network
+    of its own: ``method`` trained on the trial's training set with the trial's configuration, its initial
+    weights (``build``, from torch's generator, and any other draw from it) from the seed's
+    ``transfer_init`` stream and its mini-batch order from ``transfer_data``, streams no method's network
+    uses.  So no attacked method saw
+    the source (the sgd trial's own network is Laplace's θ_MAP when they share settings, and deep-ensemble
+    member 0 and MC dropout start from its initial weights).  Its one sample is attacked as a white-box
+    model average of M = 1 (:func:`_craft`, draws from the ``attack`` stream).  torch's generators are put
+    back afterwards: the trial's own streams are unchanged."""
+    device = problem.device
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        torch.manual_seed(seeds["transfer_init"])
+        generator = torch.Generator().manual_seed(seeds["transfer_data"])
+        own = dataclasses.replace(problem, make_model=build, generator=generator)
+        stream = method.sample_posterior(own, spec["config"], {})
+        attacked = ModelAverage(1, 1, seed=seeds["attack"])
+        attacked.observe(next(iter(stream)))
+        stream.close()
+        return _craft(spec, ds, attacked, test, seeds["attack"])
 
 
 def load_transfer_attack(
@@ -309,14 +361,33 @@ class TrialRun:
             for scheme in self.schemes
             for name in self.full_precision_sets
         }
-        attack_samples = spec["adversarial"]["attack_samples"]
-        self.attacked = (
-            ModelAverage(planned_samples(spec["config"]), attack_samples, seed=seeds["corruption"]) if robustness else None
-        )
-        self.transfer = load_transfer_attack(spec, ds, device) if robustness else None
         self.stats: dict[str, float] = {}
         self.train_s = self.eval_s = self.bit_depth_s = self.attack_s = 0.0
         self.last_predictor: Any = None
+        self.attacked = self.transfer = None
+        self.transfer_examples: bytes | None = None
+        if robustness:
+            per_chain, n_chains = planned_samples(spec["config"])
+            in_turn = False
+            if n_chains > 1:
+                with torch.random.fork_rng(devices=[]):
+                    in_turn = chains_in_turn(self.method, build(), self.problem)
+            self.attacked = ModelAverage(
+                per_chain,
+                spec["adversarial"]["attack_samples"],
+                n_chains=n_chains,
+                chains_in_turn=in_turn,
+                seed=seeds["attack"],
+            )
+            self.transfer = load_transfer_attack(spec, ds, device)
+            if spec.get("transfer_source"):  # its transfer sets: examples crafted on a network of its own
+                tick = time.perf_counter()
+                examples = train_transfer_source(
+                    spec, ds, self.method, self.problem, build, eval_sets["test"], seeds
+                )
+                self.transfer_examples = examples_to_bytes(examples)
+                self.transfer = AdversarialPredictives(examples, ds.n_outputs)
+                self.attack_s += time.perf_counter() - tick
 
     def observe(self, predictor: Any, progress: Callable[[int, dict[str, float], dict[str, float]], None] | None = None) -> None:
         """Add one posterior sample to every accumulator (and the attack's kept samples), timing each part."""
@@ -366,16 +437,14 @@ class TrialRun:
         values: dict[str, dict[str, float]] = {}
         adversarial_tables = {}
         transfer_from = ""  # the trial whose examples the transfer sets are (the source's own id for itself)
+        outcome.transfer_examples = self.transfer_examples
         if attacked is not None and attacked.n_kept > 0:
             tick = time.perf_counter()
-            examples, adversarial = _attack(spec, ds, attacked, eval_sets["test"], seeds["corruption"])
+            adversarial = _attack(spec, ds, attacked, eval_sets["test"], seeds["attack"])
             reference = set_name("pgd", REFERENCE_EPSILON.get(DATASET_FAMILIES.get(spec["dataset"], ""), math.nan))
             for name, table in adversarial.metrics().items():  # `reference`: the robustness composite's set
                 values[f"adv:{name}"] = table | ({"reference": float(name == reference)} if name != "clean" else {})
             adversarial_tables = {f"adv:{name}": table for name, table in adversarial.tables().items()}
-            if spec.get("transfer_source"):  # its transfer sets are its own white-box ones
-                outcome.transfer_examples = examples_to_bytes(examples)
-                transfer = adversarial
             if transfer is not None:
                 transfer_from = spec["trial_id"] if spec.get("transfer_source") else spec["transfer_from"]
                 values.update({f"transfer:{name}": table for name, table in transfer.metrics().items()})

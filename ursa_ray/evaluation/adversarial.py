@@ -235,13 +235,32 @@ def _cuda_index(device: torch.device) -> int:
     return torch.cuda.current_device() if device.index is None else device.index
 
 
-def kept_sample_indices(n_samples: int, attack_samples: int) -> tuple[int, ...]:
-    """Which of S planned samples (0-based) the attacker keeps: M' = min(S, M) indices spaced S/M' apart,
-    ending with the last, i_j = ⌊(j + 1) S / M'⌋ − 1 for j = 0 … M' − 1 (all of them when S ≤ M)."""
-    if n_samples < 1 or attack_samples < 1:
-        raise ValueError(f"need n_samples >= 1 and attack_samples >= 1, got {n_samples}, {attack_samples}")
-    kept = min(n_samples, attack_samples)
-    return tuple((j + 1) * n_samples // kept - 1 for j in range(kept))
+def kept_sample_indices(
+    n_samples: int, attack_samples: int, n_chains: int = 1, chains_in_turn: bool = False
+) -> tuple[int, ...]:
+    """Which positions (0-based) of a stream of C = ``n_chains`` chains of S = ``n_samples`` samples each the
+    attacker keeps, in increasing order.
+
+    The M' = min(C·S, M) kept samples are shared among the chains as evenly as possible (chain c keeps
+    m_c = ⌊M'/C⌋ samples, one more for c < M' mod C), and each chain keeps its own draws spaced S/m_c
+    apart and ending with its last, i_j = ⌊(j + 1) S / m_c⌋ − 1 for j = 0 … m_c − 1 (all S when S ≤ m_c).
+    Draw i of chain c is at stream position i·C + c when the chains are interleaved (every sampling step
+    yields chain 1's sample, then chain 2's, ...: HMC and every batched stream) and c·S + i when they run
+    ``chains_in_turn`` (SG-MCMC chains of a network too large to batch).  One chain: the S/M'-spaced
+    positions ending with the last.
+    """
+    if n_samples < 1 or attack_samples < 1 or n_chains < 1:
+        raise ValueError(
+            f"need n_samples, attack_samples and n_chains >= 1, got {n_samples}, {attack_samples}, {n_chains}"
+        )
+    kept = min(n_samples * n_chains, attack_samples)
+    positions = []
+    for chain in range(n_chains):
+        per_chain = kept // n_chains + (chain < kept % n_chains)
+        for j in range(per_chain):
+            draw = (j + 1) * n_samples // per_chain - 1
+            positions.append(chain * n_samples + draw if chains_in_turn else draw * n_chains + chain)
+    return tuple(sorted(positions))
 
 
 @dataclass(frozen=True)
@@ -266,7 +285,7 @@ class ModelAverage:
     """M posterior samples kept as flat copies, and the model average p̄ over them.
 
     Feed it every sample of the stream with :meth:`observe`; it copies those at
-    :func:`kept_sample_indices` (S = ``planned_samples``, M = ``attack_samples``).  A copy is the network's
+    :func:`kept_sample_indices` (S = ``planned_samples`` per chain of ``n_chains``, M = ``attack_samples``).  A copy is the network's
     parameters (in :func:`~ursa_ray.methods.base.flat_parameters` order) followed by its floating-point
     buffers (batch-norm running statistics: SWAG recomputes them for each draw, ensemble members have
     their own).  Memory: M × (parameters + buffer values) × 4 bytes on the samples' device, e.g.
@@ -296,10 +315,12 @@ class ModelAverage:
         planned_samples: int,
         attack_samples: int = ATTACK_SAMPLES,
         *,
+        n_chains: int = 1,
+        chains_in_turn: bool = False,
         seed: int = 0,
         batch_size: int = ATTACK_BATCH,
     ) -> None:
-        self.kept_indices = kept_sample_indices(planned_samples, attack_samples)
+        self.kept_indices = kept_sample_indices(planned_samples, attack_samples, n_chains, chains_in_turn)
         self.seed = seed
         self.batch_size = batch_size
         self._n_observed = 0
