@@ -21,8 +21,9 @@ for the network; sign ∇ is the same in either space (the standard deviations a
 
 The samples are kept by :class:`ModelAverage`; :func:`craft` builds every (attack, ε) set, and
 :class:`AdversarialPredictives` accumulates any predictor stream on them (the attacked model average for
-white-box robustness; any method's posterior predictive for the transfer attack, crafted on the SGD point
-estimate of the same model, dataset and seed and passed between trials by :func:`examples_to_bytes`) and
+white-box robustness; any method's posterior predictive for the transfer attack, crafted on a separately
+trained SGD source network of the same model, dataset and seed, ``ursa_ray.trial.train_transfer_source``,
+and passed between trials by :func:`examples_to_bytes`) and
 computes, per set, the accuracy under attack, the attack success rate and the AUROCs of telling
 adversarial from clean inputs by predictive entropy and by mutual information.  See docs/adversarial.md.
 """
@@ -97,8 +98,9 @@ DATASET_FAMILIES = {
 class AdversarialSettings:
     """The grid's ``adversarial`` block.  ``epsilons`` None means the dataset family's defaults
     (:func:`default_epsilons`); the family's reference ε (:data:`REFERENCE_EPSILON`) is always crafted too.
-    ``transfer``: also evaluate every method on the examples crafted on the SGD point estimate of the same
-    (model, dataset, seed) (a black-box transfer attack; needs an ``sgd`` entry in the grid)."""
+    ``transfer``: also evaluate every method on the examples crafted on an SGD source network of the same
+    (model, dataset, seed) that no method saw (a black-box transfer attack; needs an ``sgd`` entry in the
+    grid, whose trial trains the source)."""
 
     attacks: tuple[str, ...] = ATTACKS
     epsilons: tuple[float, ...] | None = None
