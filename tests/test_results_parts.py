@@ -218,3 +218,69 @@ def test_compact_cli_merges_and_refuses_a_folder_without_results(tmp_path, capsy
     assert err.count("\n") == 1 and "no trials.parquet" in err
     shutil.rmtree(tmp_path / "out" / ".tables")  # links to nowhere: still refused with one line
     assert main(["compact", str(tmp_path / "out")]) == 2
+
+
+def _truncate(part: Path) -> None:
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) // 2])
+
+
+def _error_line(capsys) -> str:
+    printed = capsys.readouterr()
+    lines = printed.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in printed.out + printed.err, printed.err
+    return lines[0]
+
+
+def test_a_truncated_part_is_named_in_one_line_and_run_reruns_its_trial(tmp_path, capsys, monkeypatch):
+    """Issue 27.8: a truncated part file made report, compact and run end in a traceback with exit 1.  Now report
+    and compact name the file in one line (exit 2, nothing changed), and run, before Ray starts, removes the
+    damaged trial's rows so that it is rerun (the rest stays finished).  Catches reading the parts unchecked."""
+    import yaml
+
+    import ursa_ray.tune.runner
+    from ursa_ray.cli import main
+    from ursa_ray.tune.trials import RunSummary
+
+    out = tmp_path / "results"
+    _fill(out, n=6, failed=())
+    _truncate(out / "metrics.parquet" / "t004.parquet")
+    before = sorted(p.name for p in (out / "metrics.parquet").iterdir())
+    for command in ("report", "compact"):
+        assert main([command, str(out)]) == 2
+        line = _error_line(capsys)
+        assert f"{out}/metrics.parquet/t004.parquet: damaged Parquet part file" in line and "reruns trial t004" in line
+    assert sorted(p.name for p in (out / "metrics.parquet").iterdir()) == before
+
+    seen = []
+    monkeypatch.setattr(ursa_ray.tune.runner, "run_grid", lambda grid, where, **kw: seen.append(ResultsDirectory(where).finished_ids()) or RunSummary())
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"name": "g", "methods": ["sgd"], "models": ["mlp"], "datasets": ["digits"], "seeds": 1}))
+    assert main(["run", str(grid), "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "metrics.parquet/t004.parquet: damaged" in printed.out and "it is rerun" in printed.out
+    assert seen == [{f"t{i:03d}" for i in range(6)} - {"t004"}]  # what the run was handed: t004 unfinished
+    assert not any((out / f"{name}.parquet" / "t004.parquet").exists() for name in TABLES)
+    assert ResultsDirectory(out).damaged_parts() == []
+
+
+def test_a_damaged_compacted_part_stops_run_before_ray_in_one_line(tmp_path, capsys, monkeypatch):
+    """A compacted part holds many trials' rows: run cannot tell which to rerun, so it refuses (exit 2) naming
+    the file and how to recover, and changes nothing."""
+    import yaml
+
+    import ursa_ray.tune.runner
+    from ursa_ray.cli import main
+
+    out = tmp_path / "results"
+    _fill(out, n=6, failed=()).compact()
+    part = next((out / "trials.parquet").glob(f"{COMPACTED}*.parquet"))
+    _truncate(part)
+    monkeypatch.setattr(ursa_ray.tune.runner, "run_grid", lambda *a, **kw: pytest.fail("Ray must not start"))
+    grid = tmp_path / "g.yaml"
+    grid.write_text(yaml.safe_dump({"name": "g", "methods": ["sgd"], "models": ["mlp"], "datasets": ["digits"], "seeds": 1}))
+    assert main(["run", str(grid), "--out", str(out)]) == 2
+    line = _error_line(capsys)
+    assert f"trials.parquet/{part.name}: damaged Parquet part file" in line and "restore it from a copy" in line
+    assert main(["report", str(out)]) == 2
+    assert part.name in _error_line(capsys)

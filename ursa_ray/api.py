@@ -75,11 +75,27 @@ def run(
     fingerprint = check_grid(where, grid, allow_grid_change)  # a quick refusal before the lock is taken
     with results_lock(where, echo):
         check_grid(where, grid, allow_grid_change)  # again, now that no other run can change it
+        _remove_damaged_parts(where, echo)
         from ursa_ray.tune.runner import run_grid  # imports Ray: only when something runs
 
         summary = run_grid(grid, where, address=address, echo=echo, keep_grid=lambda at: record_grid(at, grid, fingerprint))
         _compact(where, echo)
         return summary
+
+
+def _remove_damaged_parts(where: Location, echo: Callable[[str], None]) -> None:
+    """Before Ray starts: remove every trial whose own part file is damaged (truncated, say), so that this run
+    reruns it; GridError (one line, nothing changed) when a damaged part holds several trials' rows."""
+    from ursa_ray.guard import ResultsDirError
+
+    results = ResultsDirectory(where)
+    damaged = results.damaged_parts()
+    shared = [part for part in damaged if part.trial_id is None]
+    if shared:
+        raise ResultsDirError(str(shared[0]))
+    for part in damaged:
+        results.remove_trial(part.trial_id)
+        echo(f"{part.part}: damaged ({part.why}): removed with the rest of trial {part.trial_id}'s rows; it is rerun")
 
 
 def _check_address(address: str | None) -> None:

@@ -128,12 +128,12 @@ def _check_tables(results: str) -> None:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import write_report
-    from ursa_ray.results import NotAResultsDirectory
+    from ursa_ray.results import DamagedPart, NotAResultsDirectory
 
     try:
         _check_tables(args.results)
         text = write_report(args.results, cost=args.cost)
-    except NotAResultsDirectory as exc:
+    except (NotAResultsDirectory, DamagedPart) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(text)
@@ -142,11 +142,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_compact(args: argparse.Namespace) -> int:
     from ursa_ray.api import compact
-    from ursa_ray.results import NotAResultsDirectory
+    from ursa_ray.results import DamagedPart, NotAResultsDirectory
 
     try:
         compact(args.results)
-    except NotAResultsDirectory as exc:
+    except (NotAResultsDirectory, DamagedPart) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

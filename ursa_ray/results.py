@@ -92,6 +92,20 @@ class NotAResultsDirectory(FileNotFoundError):
     """A folder (or URI) without ``trials.parquet``: not the results of an ``ursa-ray run``."""
 
 
+class DamagedPart(ValueError):
+    """A table's part file that is not a readable Parquet file (a write cut short by a full disk or a copy
+    interrupted, say).  Its message is one line naming the file and how to recover."""
+
+    def __init__(self, part: str, why: str, trial_id: str | None):
+        self.part, self.why, self.trial_id = part, why, trial_id
+        if trial_id is not None:
+            recover = (f"`ursa-ray run` on this directory removes it and reruns trial {trial_id}")
+        else:
+            recover = ("it holds rows of several trials, so which to rerun cannot be told: restore it from a copy, "
+                       "or delete it and rerun the grid into a new --out")
+        super().__init__(f"{part}: damaged Parquet part file ({why}); {recover}")
+
+
 def write_atomic(path: Path, write: Any, staging: Path | None = None) -> None:
     """Call ``write(tmp_path)`` then rename the temporary file onto ``path``.  The temporary file is made in
     ``staging`` (a folder on the same filesystem), else beside ``path``."""
@@ -149,6 +163,14 @@ class Location:
     @property
     def name(self) -> str:
         return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> Location:
+        """The folder holding this file or folder."""
+        if self.is_local:
+            return Location(self.fs, str(Path(self.path).parent), str(Path(self.uri).parent))
+        base, query, rest = self.uri.partition("?")
+        return Location(self.fs, self.path.rstrip("/").rsplit("/", 1)[0], base.rstrip("/").rsplit("/", 1)[0] + query + rest)
 
     def __truediv__(self, name: str) -> Location:
         path = f"{self.path.rstrip('/')}/{name}"
@@ -315,9 +337,33 @@ class ResultsDirectory:
                     part.write_parquet(rows_table(name, part_rows), self._staging)
                 elif part_id == trial_id and name != "trials":
                     part.delete()  # the rerun has no such rows: the earlier run's go
-        self._added_trials[trial_id] = record
+        if self._trials is not None:  # else trials() reads the parts just written: no copy of every row kept
+            self._added_trials[trial_id] = record
         for eval_set, frame in (predictions or {}).items():
             (self.location / "predictions" / f"{trial_id}__{eval_set}.parquet").write_parquet(frame)
+
+    def damaged_parts(self) -> list[DamagedPart]:
+        """Every part file of every table that is not a whole Parquet file: each part's size and its first and
+        last bytes are checked (the ``PAR1`` magic at both ends and a footer that fits), one small read per
+        part, without reading its rows.  A trial's own part names the trial (``trial_id``); a compacted part,
+        or one shared by several trials (a regression anchor's points), names none."""
+        damaged = []
+        for name in SCHEMAS:
+            folder = self.folder(name)
+            if folder.exists():
+                damaged += [_damaged(folder, path, why) for path in _part_files(folder)
+                            if (why := _parquet_damage(folder.fs, path)) is not None]
+        return damaged
+
+    def remove_trial(self, trial_id: str) -> None:
+        """Delete ``trial_id``'s rows from every table (its own parts, and its rows in compacted parts), so that
+        a run counts it unfinished and reruns it."""
+        for name in SCHEMAS:
+            if self.folder(name).exists():
+                if trial_id in self._compacted_ids(name):
+                    self._release(name, trial_id)
+                (self.folder(name) / f"{trial_id}.parquet").delete()
+        self._trials, self._added_trials = None, {}
 
     def compact(self) -> dict[str, tuple[int, int]]:
         """Merge each table's parts written since the last compact into parts of at most
@@ -329,6 +375,8 @@ class ResultsDirectory:
         Local directories only: an object store has no atomic rename, so its parts stay as written."""
         if not self.location.is_local:
             return {}
+        for damaged in self.damaged_parts():
+            raise damaged
         trials = self.read("trials", ["trial_id", "status"])
         failed = set(trials.loc[~trials["status"].isin(FINISHED), "trial_id"])
         report = {}
@@ -437,17 +485,80 @@ def _batches(
     folder: Location, name: str, columns: list[str] | None = None, files: list[str] | None = None
 ) -> Iterator[pa.Table]:
     """The ``name`` table at ``folder`` (a dataset folder, or an older single file), or only its part
-    ``files``, with the table's schema, read :data:`PARTS_PER_READ` parts at a time (at least one table)."""
-    if files is None:
-        if folder.fs.get_file_info(folder.path).type == pafs.FileType.File:
-            files = [folder.path]
-        else:
-            infos = folder.fs.get_file_info(pafs.FileSelector(folder.path))
-            files = sorted(i.path for i in infos if i.base_name.endswith(".parquet") and not i.base_name.startswith((".", "_")))
+    ``files``, with the table's schema, read :data:`PARTS_PER_READ` parts at a time (at least one table).
+    :class:`DamagedPart` names a part that cannot be read."""
+    files = _part_files(folder) if files is None else files
     yield SCHEMAS[name].empty_table().select(columns or SCHEMAS[name].names)
     for start in range(0, len(files), PARTS_PER_READ):
-        some = pads.dataset(files[start:start + PARTS_PER_READ], filesystem=folder.fs, schema=SCHEMAS[name], format="parquet")
-        yield some.to_table(columns=columns)
+        some = files[start:start + PARTS_PER_READ]
+        try:
+            yield pads.dataset(some, filesystem=folder.fs, schema=SCHEMAS[name], format="parquet").to_table(columns=columns)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise _first_damaged(folder, some, exc) from None
+
+
+def _part_files(folder: Location) -> list[str]:
+    """The paths of a table's part files, sorted (an older single-file table: that file)."""
+    if folder.fs.get_file_info(folder.path).type == pafs.FileType.File:
+        return [folder.path]
+    infos = folder.fs.get_file_info(pafs.FileSelector(folder.path))
+    return sorted(i.path for i in infos if i.base_name.endswith(".parquet") and not i.base_name.startswith((".", "_")))
+
+
+def _parquet_damage(fs: pafs.FileSystem, path: str) -> str | None:
+    """Why the file at ``path`` is not a whole Parquet file (from its size and its first and last 8 bytes:
+    ``PAR1``, then at the end a footer length and ``PAR1``), or None when it looks whole."""
+    with fs.open_input_file(path) as f:
+        size = f.size()
+        if size < 12:
+            return f"{size} bytes, shorter than any Parquet file"
+        head, tail = f.read_at(4, 0), f.read_at(8, size - 8)
+    if head != b"PAR1" or tail[4:] != b"PAR1":
+        return "no Parquet magic at its " + ("start" if head != b"PAR1" else "end: truncated")
+    if int.from_bytes(tail[:4], "little") + 12 > size:
+        return "its footer is longer than the file: truncated"
+    return None
+
+
+def _first_damaged(folder: Location, files: list[str], error: Exception) -> DamagedPart:
+    """The first of ``files`` that pyarrow cannot read, as a DamagedPart (``error`` if none can be singled out)."""
+    for path in files:
+        try:
+            pq.read_table(path, filesystem=folder.fs)
+        except (pa.ArrowInvalid, OSError) as exc:
+            return _damaged(folder, path, _first_line(exc))
+    return DamagedPart(folder.uri, _first_line(error), None)
+
+
+def _damaged(folder: Location, path: str, why: str) -> DamagedPart:
+    """The damaged part ``path`` of the table at ``folder``, naming its trial when it is one trial's own part:
+    not a compacted part, and named by a trial of the trials table (a regression anchor's points part is not)."""
+    stem = path.rsplit("/", 1)[-1].removesuffix(".parquet")
+    trial_id = None
+    if not stem.startswith(COMPACTED):
+        trials = folder.parent / "trials.parquet"
+        own = trials / f"{stem}.parquet"
+        if own.exists():
+            trial_id = stem
+        else:  # its trials row may be compacted
+            for part in _part_files(trials) if trials.exists() else []:
+                if part.rsplit("/", 1)[-1].startswith(COMPACTED) and _parquet_damage(trials.fs, part) is None:
+                    ids = pq.read_table(part, columns=["trial_id"], filesystem=trials.fs)["trial_id"]
+                    if stem in set(ids.to_pylist()):
+                        trial_id = stem
+                        break
+    return DamagedPart(_display(folder, path), why, trial_id)
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
+def _display(folder: Location, path: str) -> str:
+    """A part file as the user named its directory: a local path, or the URI with its query."""
+    if folder.is_local:
+        return str(folder.local_path / path.rsplit("/", 1)[-1])
+    return (folder / path.rsplit("/", 1)[-1]).uri
 
 
 def _point(link: Path, target: Path) -> None:
