@@ -100,6 +100,23 @@ def test_flops_per_prediction_is_samples_times_forward_flops():
     assert flops_per_prediction(397_600, 1) == 397_600
 
 
+@pytest.mark.parametrize("name, n_samples", [("sgld", 30), ("mc_dropout", 30), ("sgd", 1)])
+def test_flops_per_prediction_of_the_quickstart_mlp_against_a_hand_count(name, n_samples):
+    """The quickstart's MLP 64-200-200-10 as a trial reports it: one forward pass is its three matrix
+    products, 2 FLOPs per multiply-accumulate, 2·(64·200 + 200·200 + 200·10) = 109,600 for one example
+    (FlopCounterMode charges addmm 2·m·n·k and nothing for the bias adds, ReLU, dropout or flatten), and a
+    prediction of an S-sample method is S passes.  Catches a count per mini-batch instead of per example, a
+    count that ignores S, or one that charges only some layers."""
+    hand_count = 2 * (64 * 200 + 200 * 200 + 200 * 10)
+    assert hand_count == 109_600
+    method = get_method(name)
+    config = resolve_config(method, {"n_samples": n_samples} if name != "sgd" else {})
+    model = build_mlp((1, 8, 8), 10, [200, 200])  # with Dropout(0) layers, as mc_dropout sets their p
+    cost = cost_metrics_at_test_time(method, model, config, n_samples, (1, 8, 8))
+    assert cost["forward_flops"] == hand_count
+    assert cost["flops_per_prediction"] == n_samples * hand_count
+
+
 # ----------------------------------------------------------------------------------------------------
 # Storage
 # ----------------------------------------------------------------------------------------------------
