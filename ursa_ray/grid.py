@@ -14,7 +14,8 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +32,25 @@ from ursa_ray.search_space import (
     SEARCH_KEYS,
     SELECTION_METRICS,
     SearchSettings,
+    check_value,
     parse_search_settings,
     parse_search_space,
 )
 
 DEFAULT_VECTORIZE_SEEDS = 8
 """Seeds per batched trial when a grid does not say (see :meth:`Grid.vectorized_seeds`)."""
+MAX_SEED = 2**31 - 1
+"""The largest seed a grid may give: every generator a seed reaches accepts it (``numpy.random.SeedSequence``,
+``torch.Generator``, and the 32-bit legacy seeding of Optuna's TPE sampler, which the search phase seeds with
+the first seed plus the number of search trials), and so do the int64 columns of the results."""
+DEFAULT_MAX_TRIALS = 100_000
+"""The most final trials a grid may have unless its ``max_trials`` key allows more (validation counts them
+without expanding them)."""
+MAX_YAML_NODES = 100_000
+"""The most YAML nodes a grid file may hold once its aliases are expanded (a few hundred in a real grid; a
+"billion laughs" alias bomb is refused before anything reads it)."""
+GRID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+"""A grid's name, used as the default results folder ``results/<name>``: one path component."""
 
 TOP_KEYS = {
     "name": "a name for the grid (string)",
@@ -44,7 +58,8 @@ TOP_KEYS = {
     "methods": "a non-empty list of methods",
     "models": "a non-empty list of models",
     "datasets": "a non-empty list of datasets",
-    "seeds": "an integer n (seeds 0..n-1) or a non-empty list of non-negative integers",
+    "seeds": f"an integer n (seeds 0..n-1) or a non-empty list of distinct integers in [0, {MAX_SEED}]",
+    "max_trials": f"the most final trials the grid may have (a positive integer, default {DEFAULT_MAX_TRIALS:,})",
     "resources": "per-trial resources {cpu, gpu, custom} (a method or model entry may give its own)",
     "budget": f"defaults for {list(BUDGET_KEYS)}",
     "save_predictions": "true or false",
@@ -123,7 +138,8 @@ class Grid:
     methods: tuple[MethodEntry, ...]
     models: tuple[ModelEntry, ...]
     datasets: tuple[DatasetEntry, ...]
-    seeds: tuple[int, ...]
+    seeds: Sequence[int]
+    """The seeds, distinct integers in [0, :data:`MAX_SEED`]; ``seeds: n`` gives ``range(n)`` (never a list of n)."""
     resources: dict[str, Any]
     """The grid-level ``resources``, every key filled in: what a trial gets unless its method or model entry
     says otherwise (:meth:`resources_for`)."""
@@ -138,6 +154,7 @@ class Grid:
     max_failures: int
     search: SearchSettings | None
     vectorize_seeds: int = DEFAULT_VECTORIZE_SEEDS
+    max_trials: int = DEFAULT_MAX_TRIALS
     source: str = ""
     """The grid as written (its YAML text), kept beside the results as ``grid.yaml``."""
 
@@ -155,6 +172,16 @@ class Grid:
                             options[data.get_dataset(d.name).sweep] = c
                         out.append({"method": m, "model": mo, "dataset": d, "complexity": c, "dataset_options": options})
         return out
+
+    def n_final_trials(self) -> int:
+        """How many final-phase trials the grid has (cells × seeds), counted without building them."""
+        return len(self.cells()) * len(self.seeds)
+
+    def check_cells(self) -> None:
+        """Resolve every cell's configuration as its trials will (one spec per cell, with the first seed: the
+        other seeds differ only in their seed), without building every trial's spec."""
+        for cell in self.cells():
+            self.spec_for(cell, self.seeds[0], "final", {})
 
     def trial_specs(self, phase: str = "final", overrides: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """Every final-phase trial of the grid as a JSON-able spec.
@@ -274,8 +301,13 @@ def cell_key(cell: dict[str, Any]) -> str:
 
 
 def trial_id(spec: dict[str, Any]) -> str:
-    """Deterministic id: the same trial in a rerun of the same grid gets the same id (this makes resume work)."""
+    """Deterministic id: the same trial in a rerun of the same grid gets the same id (this makes resume work).
+    It hashes everything a result depends on: phase, method, model and dataset with their options, OOD sets,
+    seed, configuration, and for a dataset read from files its ``file`` block with the sha256 of the files'
+    content (so changed data is a new trial, and a new grid for :func:`ursa_ray.guard.grid_fingerprint`)."""
     identity = {k: spec[k] for k in ("phase", "method", "model", "model_options", "dataset", "dataset_options", "ood", "seed", "config")}
+    if spec.get("dataset_file") is not None:
+        identity["dataset_file"] = spec["dataset_file"]
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"{spec['phase']}-{spec['cell'].replace('/', '-')}-s{spec['seed']}-{digest}"
 
@@ -323,7 +355,7 @@ def _check_options(
             allowed = ", ".join(table) or "none"
             raise _fail(path, f"{where}.{name}", f"unknown option; allowed: {allowed}")
         try:
-            out[name] = table[name].check(value)
+            out[name] = check_value(table[name], value)
         except ValueError as exc:
             raise _fail(path, f"{where}.{name}", str(exc)) from None
     return out
@@ -387,6 +419,23 @@ def _int(path: str, where: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise _fail(path, where, f"expected an integer >= {minimum}, got {value!r}")
     return value
+
+
+def _seeds(path: str, raw: Any) -> Sequence[int]:
+    """The grid's ``seeds``: ``n`` is ``range(n)`` (counted, never listed), a list its distinct values; every
+    seed in [0, :data:`MAX_SEED`]."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        if not 1 <= raw <= MAX_SEED + 1:
+            raise _fail(path, "seeds", f"expected a number of seeds from 1 to {MAX_SEED + 1} (seeds 0..n-1), got {raw!r}")
+        return range(raw)
+    if not isinstance(raw, list) or not raw:
+        raise _fail(path, "seeds", f"expected {TOP_KEYS['seeds']}, got {raw!r}")
+    for i, seed in enumerate(raw):
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise _fail(path, f"seeds[{i}]", f"expected an integer in [0, {MAX_SEED}] (2^31 - 1), got {seed!r}")
+    if len(set(raw)) != len(raw):
+        raise _fail(path, "seeds", "seeds must be distinct")
+    return tuple(raw)
 
 
 def _bool(path: str, where: str, value: Any) -> bool:
@@ -532,8 +581,13 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     for key in REQUIRED:
         if key not in raw:
             raise _fail(path, key, f"required: {TOP_KEYS[key]}")
-    if not isinstance(raw["name"], str) or not raw["name"]:
-        raise _fail(path, "name", "expected a non-empty string")
+    if not isinstance(raw["name"], str) or not GRID_NAME.fullmatch(raw["name"]):
+        raise _fail(
+            path, "name", "expected letters, digits, '_', '-' and '.', starting with a letter or digit, at most 100 "
+            f"characters (the name is the folder results/<name>), got {raw['name']!r}",
+        )
+    if not isinstance(raw.get("description", ""), str):
+        raise _fail(path, "description", "expected a string (free text)")
 
     model_entries = []
     for i, item in enumerate(_entries(path, raw, "models", MODEL_KEYS)):
@@ -567,7 +621,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
             checked = []
             for j, c in enumerate(complexity):
                 try:
-                    checked.append(sweep_param.check(c))
+                    checked.append(check_value(sweep_param, c))
                 except ValueError as exc:
                     raise _fail(path, f"{where}.complexity[{j}]", str(exc)) from None
             complexity = tuple(checked)
@@ -623,15 +677,8 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     if duplicates:
         raise _fail(path, "methods", f"labels must be unique; give each repeated method a label (repeated: {', '.join(duplicates)})")
 
-    seeds_raw = raw["seeds"]
-    if isinstance(seeds_raw, int) and not isinstance(seeds_raw, bool):
-        seeds = tuple(range(_int(path, "seeds", seeds_raw, 1)))
-    elif isinstance(seeds_raw, list) and seeds_raw:
-        seeds = tuple(_int(path, f"seeds[{i}]", s, 0) for i, s in enumerate(seeds_raw))
-        if len(set(seeds)) != len(seeds):
-            raise _fail(path, "seeds", "seeds must be distinct")
-    else:
-        raise _fail(path, "seeds", f"expected {TOP_KEYS['seeds']}, got {seeds_raw!r}")
+    seeds = _seeds(path, raw["seeds"])
+    max_trials = _int(path, "max_trials", raw.get("max_trials", DEFAULT_MAX_TRIALS), 1)
 
     resources = {**DEFAULT_RESOURCES, "custom": {}, **_resources(path, "resources", raw.get("resources") or {})}
 
@@ -681,10 +728,10 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     if search is not None:
         _check_selection_metric(path, search, method_entries, dataset_entries, model_names)
 
-    return Grid(
+    grid = Grid(
         path=path,
         name=raw["name"],
-        description=str(raw.get("description", "")),
+        description=raw.get("description", ""),
         methods=tuple(method_entries),
         models=tuple(model_entries),
         datasets=tuple(dataset_entries),
@@ -701,8 +748,16 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         max_failures=max_failures,
         search=search,
         vectorize_seeds=vectorize_seeds,
+        max_trials=max_trials,
         source=yaml.safe_dump(raw, sort_keys=False),
     )
+    n_final = grid.n_final_trials()
+    if n_final > max_trials:
+        raise _fail(
+            path, "seeds", f"{len(grid.cells())} cells x {len(seeds):,} seeds = {n_final:,} final trials, more than "
+            f"max_trials ({max_trials:,}); use fewer seeds or cells, or set max_trials: {n_final} to run them all",
+        )
+    return grid
 
 
 CORRUPTION_KEYS = ("types", "severities", "n_examples")
@@ -730,19 +785,70 @@ def _parse_corruptions(path: str, raw: Any) -> dict[str, Any]:
     return {"types": list(dict.fromkeys(types)), "severities": sorted(set(severities)), "n_examples": n_examples}
 
 
+class GridLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with a repeated key (YAML would keep the last silently) and
+    a document of more than :data:`MAX_YAML_NODES` nodes once its aliases are expanded (an alias bomb), counted
+    on the composed node graph before anything is built from it."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            _count_nodes(node, {}, node.start_mark)
+        return node
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        line_of: dict[Any, int] = {}  # each scalar key -> the line it first appears on
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            if key in line_of:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice (first on line {line_of[key]}); give each key once",
+                    key_node.start_mark,
+                )
+            line_of[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _count_nodes(node: yaml.Node, memo: dict[int, int], mark: yaml.Mark) -> int:
+    """The number of nodes under ``node`` with every alias expanded (each shared node counted once per use,
+    computed once: linear in the file's size); a ConstructorError past :data:`MAX_YAML_NODES`."""
+    if id(node) not in memo:
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        memo[id(node)] = 0  # a recursive structure (an alias inside its own anchor) counts what is seen so far
+        total = 1 + sum(_count_nodes(child, memo, mark) for child in children)
+        if total > MAX_YAML_NODES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"expands to more than {MAX_YAML_NODES:,} values through its aliases (&anchor / *alias)", mark
+            )
+        memo[id(node)] = total
+    return memo[id(node)]
+
+
 def load_grid(path: str | Path) -> Grid:
-    """Read and validate a grid file."""
+    """Read and validate a grid file (UTF-8 YAML, read by :class:`GridLoader`)."""
     path = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise GridError(f"{path}: cannot read the grid file: {exc.strerror}") from None
+        raise GridError(f"{path}: cannot read the grid file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise GridError(
+            f"{path}: byte {exc.start}: not UTF-8 text ({exc.reason}); a grid file is YAML saved as UTF-8"
+        ) from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=GridLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "YAML"
         raise GridError(f"{path}: {where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    except RecursionError:
+        raise GridError(f"{path}: YAML: nested too deeply to read; a grid is a few levels of mappings and lists") from None
     return dataclasses.replace(parse_grid(raw, path), source=text)
 
 

@@ -196,7 +196,8 @@ def _checked(kind: str, load: Callable[[], Any]) -> tuple[Any, str | None]:
         item = load()
         if isinstance(item, type):
             item = item()
-    except Exception as exc:  # a plug-in may raise anything on import; it must not stop the rest
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # a plug-in may raise anything on import, even
+        # sys.exit(0) (which would end validate or run with status 0 having done nothing): it must not stop the rest
         return None, f"cannot load: {_one_line(exc)}"
     try:
         CHECKS[kind](item)

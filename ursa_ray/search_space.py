@@ -8,6 +8,7 @@ stopping, the concurrency, the selection metric and the validation fraction.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,15 @@ class SearchSettings:
 Fail = Callable[[str, str, str], Exception]
 
 
+def check_value(hp: Hyperparameter, value: Any) -> Any:
+    """``hp.check(value)`` (the value coerced to its kind, or ValueError naming what is allowed), refusing NaN
+    and infinities too: they pass a range check such as ``>= 0`` (``inf``) or every comparison (``nan``)."""
+    value = hp.check(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return value
+
+
 def parse_search_settings(path: str, raw: Any, fail: Fail) -> SearchSettings | None:
     """Validate the grid's ``search`` block (None when absent)."""
     if raw is None:
@@ -90,7 +100,7 @@ def parse_search_settings(path: str, raw: Any, fail: Fail) -> SearchSettings | N
         value = raw.get(key)
         if value is None:
             return None
-        ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+        ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
         if isinstance(value, bool) or not ok or value <= 0:
             raise fail(path, f"search.{key}", f"expected a positive {'integer' if integer else 'number'}, got {value!r}")
         return value
@@ -142,7 +152,7 @@ def parse_search_space(
                 values = dist.get("values")
                 if not isinstance(values, list) or not values:
                     raise ValueError("choice needs a non-empty list 'values'")
-                space[name] = {"type": kind, "values": [hp.check(v) for v in values]}
+                space[name] = {"type": kind, "values": [check_value(hp, v) for v in values]}
                 continue
             if "low" not in dist or "high" not in dist:
                 raise ValueError(f"{kind} needs low and high")
@@ -150,7 +160,7 @@ def parse_search_space(
                 raise ValueError(f"{name} is a {hp.kind.__name__}; use uniform or loguniform")
             if kind in ("uniform", "loguniform") and hp.kind is not float:
                 raise ValueError(f"{name} is a {hp.kind.__name__}; use {'int' if hp.kind is int else 'choice'}")
-            low, high = hp.check(dist["low"]), hp.check(dist["high"])
+            low, high = check_value(hp, dist["low"]), check_value(hp, dist["high"])
             if not low < high:
                 raise ValueError(f"expected low < high, got {low} and {high}")
             if kind == "loguniform" and low <= 0:

@@ -13,8 +13,9 @@ A grid's dataset entry gives a ``file`` block instead of a registered name::
 Formats (one ``path`` each):
 
 - ``npz``: arrays ``x_train``, ``y_train``, ``x_test``, ``y_test``.  ``x`` of shape (n, features) is
-  tabular; (n, height, width) or (n, channels, height, width) are images, with pixels uint8 0–255 or
-  numbers in [0, 1].
+  tabular; (n, height, width), (n, channels, height, width) or channels last (n, height, width, channels)
+  are images of 1 or 3 channels (a 4-D array is channels first when its second size is 1 or 3, else channels
+  last when its last size is; anything else is refused), with pixels uint8 0–255 or numbers in [0, 1].
 - ``parquet``: one table; ``label`` names the label column, ``features`` the input columns (default:
   every column but the label and split columns), ``split`` the column (default ``split``) whose value,
   ``train`` or ``test``, puts each row in its part.  Tabular.
@@ -41,6 +42,7 @@ predictive metrics (``rmse``, ``nll``, ``coverage_95_predictive``) and writes no
 
 from __future__ import annotations
 
+import hashlib
 import re
 import zipfile
 from collections.abc import Callable, Mapping
@@ -66,6 +68,11 @@ FORMAT_KEYS = {"parquet": ("label", "features", "split"), "image_folder": ("size
 SET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 RESERVED_SET_NAMES = ("test", "validation", "cost")
 GRAYSCALE_MODES = ("1", "L", "LA", "I", "I;16", "F")
+IMAGE_CHANNELS = (1, 3)
+"""Channels an image may have: grayscale or RGB."""
+MAX_CLASSES = 100_000
+"""The most classes a classification set may have (K = the largest training label + 1; an id column used as
+the label would otherwise ask for a model with billions of outputs)."""
 
 
 class FileDatasetError(ValueError):
@@ -129,13 +136,33 @@ def parse_file_settings(raw: Any, base: Path) -> dict[str, Any]:
                 f"an OOD set name is letters, digits, '_' and '-', not {', '.join(RESERVED_SET_NAMES)}",
             )
     out["ood"] = {name: _path(value, base, f"ood.{name}") for name, value in ood.items()}
+    out["sha256"] = content_digest([out["path"], *out["ood"].values()])
     return out
+
+
+def content_digest(paths: list[str]) -> str:
+    """sha256 over the bytes of every file at ``paths`` (a folder: every file under it, by sorted relative path),
+    so that a trial's id changes when its data does (:func:`ursa_ray.grid.trial_id`).  Each file is read once,
+    when the grid is parsed; a path that does not exist counts as absent (loading it then fails, before any
+    trial)."""
+    digest = hashlib.sha256()
+    for path in map(Path, paths):
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path] if path.is_file() else []
+        digest.update(f"{path}\0{len(files)}\0".encode())
+        for file in files:
+            digest.update(f"{file.relative_to(path) if file != path else ''}\0".encode())
+            with open(file, "rb") as f:
+                digest.update(hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()
 
 
 def _path(value: Any, base: Path, field: str) -> str:
     if not isinstance(value, str) or not value:
         raise FileDatasetError(field, f"required, a path (relative to the grid file's folder); got {value!r}")
-    return str((base / Path(value).expanduser()).resolve())
+    try:
+        return str((base / Path(value).expanduser()).resolve())
+    except (RuntimeError, OSError) as exc:  # Python 3.11 raises RuntimeError on a symlink loop
+        raise FileDatasetError(field, f"cannot resolve {value!r}: {exc}") from None
 
 
 def _parquet_columns(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -208,11 +235,20 @@ def _read_npz(settings: Mapping[str, Any], path: Path, field: str, parts: tuple[
 
 
 def _npz_inputs(x: np.ndarray, name: str, field: str, images: bool) -> np.ndarray:
+    """An npz input array checked (shape, numbers, finite), images as float pixels (n, C, H, W) in [0, 1]."""
+    layouts = "(n, features), (n, height, width), (n, channels, height, width) or (n, height, width, channels)"
     if x.ndim not in (2, 3, 4):
-        raise FileDatasetError(
-            field,
-            f"{name} has shape {x.shape}; expected (n, features), (n, height, width) or (n, channels, height, width)",
-        )
+        raise FileDatasetError(field, f"{name} has shape {x.shape}; expected {layouts}")
+    if 0 in x.shape[1:]:
+        raise FileDatasetError(field, f"{name} has shape {x.shape}: an example of size 0; expected {layouts}, each size >= 1")
+    if x.ndim == 4:
+        if x.shape[1] not in IMAGE_CHANNELS and x.shape[3] in IMAGE_CHANNELS:
+            x = x.transpose(0, 3, 1, 2)  # channels last, as PIL and TensorFlow store images
+        elif x.shape[1] not in IMAGE_CHANNELS:
+            raise FileDatasetError(
+                field, f"{name} has shape {x.shape}: images have 1 (grayscale) or 3 (RGB) channels, first "
+                "(n, channels, height, width) or last (n, height, width, channels)",
+            )
     _numeric_finite(x, name, field)
     if not images:
         return x
@@ -290,9 +326,13 @@ def _read_image_folder(settings: Mapping[str, Any], path: Path, field: str, part
         except FileNotFoundError as exc:  # ImageFolder: no class folder, or no image in them
             raise FileDatasetError(field, f"{root / part}: {' '.join(str(exc).split())}; {layout}") from None
     if like is None:
-        with Image.open(folders[parts[0]].samples[0][0]) as image:
-            mode = "L" if image.mode in GRAYSCALE_MODES else "RGB"
-            size = tuple(settings.get("size") or (image.height, image.width))
+        first = folders[parts[0]].samples[0][0]
+        try:
+            with Image.open(first) as image:
+                mode = "L" if image.mode in GRAYSCALE_MODES else "RGB"
+                size = tuple(settings.get("size") or (image.height, image.width))
+        except (OSError, UnidentifiedImageError) as exc:
+            raise FileDatasetError(field, f"cannot read image {first}: {' '.join(str(exc).split())}") from None
     else:
         channels, height, width = like.x["train"].shape[1:]
         mode, size = ("L" if channels == 1 else "RGB"), (height, width)
@@ -370,8 +410,14 @@ def _class_labels(raw: _Parts) -> int:
         bad = y[(y != np.round(y)) | (y < 0)]
         if bad.size:
             raise FileDatasetError(field, f"{name} must hold integer class labels 0..K-1; found {bad[0]:g}")
-    k = int(raw.y["train"].max()) + 1
-    absent = sorted(set(range(k)) - set(raw.y["train"].astype(np.int64).tolist()))
+    largest = raw.y["train"].max()
+    if largest >= MAX_CLASSES:
+        raise FileDatasetError(
+            field, f"{raw.names['y_train']} holds label {largest:.0f}: at most {MAX_CLASSES:,} classes, labels "
+            f"0..{MAX_CLASSES - 1} (is the label an id column?)",
+        )
+    k = int(largest) + 1
+    absent = np.setdiff1d(np.arange(k), raw.y["train"].astype(np.int64)).tolist()
     if k < 2 or absent:
         what = "a single class" if k < 2 else f"no example of class {absent[0]}"
         raise FileDatasetError(
