@@ -299,9 +299,12 @@ class ResultsDirectory:
         return self._trials.to_pandas()
 
     def finished_ids(self) -> set[str]:
-        """Trials with status ok or early_stopped: a resumed run does not rerun them.  Reads two columns."""
+        """Trials with status ok or early_stopped: a resumed run does not rerun them.  Reads two columns.
+        Empty when the metrics table is missing (deleted by hand): every finished trial writes metric rows, so
+        the rerun reruns every trial and restores it."""
         trials = self.trials() if self._trials is not None else self.read("trials", ["trial_id", "status"])
-        return set(trials.loc[trials["status"].isin(FINISHED), "trial_id"])
+        finished = set(trials.loc[trials["status"].isin(FINISHED), "trial_id"])
+        return finished if self.folder("metrics").exists() else set()
 
     def transfer_examples(self, trial_id: str) -> Location:
         """Where a transfer source trial's crafted adversarial examples are kept: ``transfer/<trial_id>.pt``."""
