@@ -691,7 +691,8 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     except ValueError as error:
         raise GridError(f"{path}: {error}") from None  # the message names its field, adversarial.…
     for d in dataset_entries:
-        if d.file is None and d.task == "classification" and not data.get_dataset(d.name).decision_task:
+        spec = None if d.file is not None else data.get_dataset(d.name)
+        if spec is not None and d.task == "classification" and not spec.decision_task and spec.images:
             try:
                 adversarial_settings.epsilons_for(d.name)
             except ValueError as error:

@@ -77,6 +77,8 @@ class DatasetSpec:
     check: Callable[[Path, tuple[str, ...]], None] | None = None
     sweep: str | None = None
     decision_task: bool = False
+    images: bool = True
+    """Whether the inputs are images, which adversarial attacks need ε for (False: sequences, graphs)."""
 
 
 def data_root(grid_value: str | None) -> Path:

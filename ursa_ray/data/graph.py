@@ -219,6 +219,7 @@ DATASETS = (
         description="contextual stochastic block model (embedded, synthetic graph): node classification",
         load=load_csbm,
         ood_sets=OOD_SETS,
+        images=False,
         options=CSBM_OPTIONS,
     ),
     *(
@@ -228,6 +229,7 @@ DATASETS = (
             description=f"{name} citation graph from DATA_ROOT/planetoid/{name}.npz (Planetoid layout)",
             load=partial(load_planetoid, name),
             ood_sets=OOD_SETS,
+        images=False,
             options=(LEFT_OUT,),
             check=partial(check_planetoid, name),
         )

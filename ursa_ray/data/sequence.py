@@ -105,6 +105,7 @@ DATASETS = tuple(
         load=partial(load_sequence_digits, name, imbalanced=imbalanced),
         ood_sets=ood_set_names(name),
         decision_task=imbalanced,
+        images=False,
     )
     for name in SOURCES
     for imbalanced in (False, True)
