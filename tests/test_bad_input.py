@@ -221,6 +221,14 @@ def test_a_bad_data_file_is_one_line_and_writes_nothing(case, tmp_path, capsys):
     refused(tmp_path, capsys, grid, f"{grid}: datasets[0].{field}: ", message)
 
 
+def test_a_data_root_in_a_symlink_loop_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("URSA_DATA", raising=False)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(grid_text(datasets=["mnist"], data_root=str(tmp_path / "loop")))
+    refused(tmp_path, capsys, grid, f"{grid}: datasets[0]: ", f"place torchvision's MNIST files under {tmp_path / 'loop'}")
+
+
 def test_channels_last_images_are_read_as_channels_first(tmp_path):
     """(n, H, W, 3) is RGB with its channels last: read as (n, 3, H, W), normalised per channel."""
     arrays = images((5, 7, 3))

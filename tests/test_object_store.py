@@ -91,8 +91,7 @@ def test_results_directory_writes_whole_objects_only(s3):
     again = ResultsDirectory(uri)
     assert again.finished_ids() == {"t1"}
     assert again.read("metrics")["value"].tolist() == [0.4]
-    assert again.compact() == {}  # no atomic rename on an object store: its parts stay as written
-    assert len(_keys(results.location)) == 3
+    assert again.compact() == {"trials": (2, 2), "metrics": (1, 1)}  # t2 failed: kept; t1 alone merged into one
 
 
 def _run(command: list[str], cwd, timeout: float) -> subprocess.CompletedProcess:
@@ -147,3 +146,126 @@ def test_run_resume_and_report_on_an_s3_uri(s3, tmp_path):
     for link in links:
         assert link in keys, link
     assert sorted(p.name for p in tmp_path.iterdir()) == ["object_store.yaml"]
+
+
+def _add_trials(results: ResultsDirectory, ids: range, value: float = 0.0, failed: tuple[int, ...] = ()) -> None:
+    for i in ids:
+        status = "failed" if i in failed else "ok"
+        metrics = [] if status == "failed" else [
+            {"trial_id": f"t{i:03d}", "eval_set": "test", "metric": m, "value": value + i + k} for k, m in enumerate(("nll", "ece"))
+        ]  # fmt: skip
+        results.add({"trial_id": f"t{i:03d}", "status": status, "seed": i}, metrics)
+
+
+def _tables(uri: str) -> dict[str, pd.DataFrame]:
+    results = ResultsDirectory(uri)
+    return {name: results.read(name).sort_values(["trial_id", *(["metric"] if name == "metrics" else [])]).reset_index(drop=True)
+            for name in ("trials", "metrics")}
+
+
+def test_compact_on_an_object_store_follows_a_manifest(s3, monkeypatch):
+    """Issue 26.13: on an object store every trial left one object per table for good.  compact now merges them
+    into compacted parts named by a manifest that readers follow: a few objects per table, the same tables for
+    ursa-ray's readers at every step (an interrupted compact included) and for plain Parquet readers after it,
+    and reruns replace a trial's rows once.  Catches the old no-op compact and a reader that ignores the manifest."""
+    uri = f"s3://{BUCKET}/compact/results?{s3}"
+    results = ResultsDirectory(uri)
+    _add_trials(results, range(30), failed=(4, 9))
+    before = _tables(uri)
+    assert results.compact() == {"trials": (30, 3), "metrics": (28, 1)}  # the failed trials' parts stay as they are
+    keys = _keys(results.location)
+    assert sorted(keys) == ["metrics.parquet/_manifest.json", "metrics.parquet/compacted-00000.parquet",
+                            "trials.parquet/_manifest.json", "trials.parquet/compacted-00000.parquet",
+                            "trials.parquet/t004.parquet", "trials.parquet/t009.parquet"]  # fmt: skip
+    after = _tables(uri)
+    for name in before:
+        pd.testing.assert_frame_equal(after[name], before[name])
+        plain = pd.read_parquet(f"{BUCKET}/compact/results/{name}.parquet", filesystem=results.location.fs)
+        assert len(plain) == len(before[name])  # a plain reader of the folder: the same rows, once
+
+    rerun = ResultsDirectory(uri)  # a rerun of a compacted trial and of a failed one
+    _add_trials(rerun, [2, 4], value=100.0)
+    metrics = _tables(uri)["metrics"]
+    assert metrics.loc[metrics["trial_id"] == "t002", "value"].tolist() == [103.0, 102.0]  # ece, nll: once each
+    assert metrics.loc[metrics["trial_id"] == "t004", "value"].tolist() == [105.0, 104.0]
+    expected = _tables(uri)
+
+    # a compact cut short after its manifest, before deleting what it replaced: readers see each row once,
+    # and the next write finishes it
+    _add_trials(rerun, range(30, 36))
+    expected = _tables(uri)
+    monkeypatch.setattr(ResultsDirectory, "_settle", staticmethod(lambda folder: None))
+    ResultsDirectory(uri).compact()
+    monkeypatch.undo()
+    assert "trials.parquet/t031.parquet" in _keys(results.location)  # replaced, not yet deleted
+    for name, frame in _tables(uri).items():
+        pd.testing.assert_frame_equal(frame, expected[name])
+    ResultsDirectory(uri).add({"trial_id": "t040", "status": "ok"})
+    assert "trials.parquet/t031.parquet" not in _keys(results.location)
+    assert len(_tables(uri)["trials"]) == len(expected["trials"]) + 1
+
+
+def test_object_store_lock_is_a_lease_that_one_run_holds_at_a_time(s3):
+    """Issue 26.13: object-store results were not locked.  The lock is a lease object: a second run is refused
+    in one line while the first holds it, the holder renews it (a short lease outlives its length), and it is
+    deleted at the end.  Catches an unlocked object store and a lease that is not renewed."""
+    import json
+    import time
+
+    from ursa_ray.grid import GridError
+    from ursa_ray.guard import results_lock
+    from ursa_ray.lease import Lease
+
+    where = Location.parse(f"s3://{BUCKET}/leased/results?{s3}")
+    lock = where / ".lock"
+    lines: list[str] = []
+    with Lease(lock, lines.append, lease_s=0.9).held() as lease:
+        assert lease.store.atomic  # S3 through boto3: conditional writes
+        first = json.loads(lock.read_text())["expires_at"]
+        time.sleep(1.5)  # longer than the lease: only a renewal keeps it
+        with pytest.raises(GridError, match=r"in use by another ursa-ray run \(pid \d+ on "):
+            with results_lock(where, lines.append):
+                pass
+        assert json.loads(lock.read_text())["expires_at"] > first
+    assert not lock.exists() and lines == []
+    with results_lock(where, lines.append):
+        assert lock.exists()
+    assert not lock.exists()
+
+
+def test_drivers_starting_together_on_an_expired_lease_take_it_one_at_a_time(s3):
+    """An expired lease (its holder killed) is taken over with a conditional write: of 6 drivers starting
+    together, one holds it at a time, 8 times over.  Catches a takeover that reads, then writes unconditionally."""
+    import json
+    import socket
+    import threading
+    import time
+
+    from ursa_ray.lease import Lease, LeaseRefused
+
+    for repetition in range(8):
+        lock = Location.parse(f"s3://{BUCKET}/expired/r{repetition}?{s3}") / ".lock"
+        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 1, "started_at": 0.0, "expires_at": 1.0}))
+        barrier, guard = threading.Barrier(6), threading.Lock()
+        holding, most, took, refused = [0], [0], [], []
+
+        def driver(i: int) -> None:
+            barrier.wait()
+            try:
+                with Lease(lock, lambda line: None).held():
+                    with guard:
+                        holding[0] += 1
+                        most[0] = max(most[0], holding[0])
+                    time.sleep(0.05)
+                    with guard:
+                        holding[0] -= 1
+                    took.append(i)
+            except LeaseRefused:
+                refused.append(i)
+
+        threads = [threading.Thread(target=driver, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert most[0] == 1 and took and len(took) + len(refused) == 6, (repetition, most, took, refused)

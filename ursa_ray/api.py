@@ -135,8 +135,6 @@ def _compact(where: Location, echo: Callable[[str], None]) -> dict[str, tuple[in
     merged = {name: parts for name, parts in report.items() if parts[0] != parts[1]}
     if merged:
         echo(f"compacted {where}: " + ", ".join(f"{name} {a} -> {b} part files" for name, (a, b) in merged.items()))
-    elif not where.is_local:
-        echo(f"{where}: object-store results are not compacted (no atomic rename there); readers see every part file")
     return report
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ursa_ray.grid import Grid, GridError
+from ursa_ray.lease import Lease
 from ursa_ray.results import Location
 
 LOCK = ".lock"
@@ -151,8 +152,8 @@ def results_lock(where: Location, echo: Callable[[str], None] = print) -> Iterat
     ``fcntl.flock`` (:func:`_local_lock`); an object store's is a lease object that the run renews
     (:class:`ursa_ray.lease.Lease`)."""
     if not where.is_local:
-        echo(f"warning: {where}: object-store results are not locked; run one `ursa-ray run` per --out at a time")
-        yield
+        with Lease(where / LOCK, echo).held():
+            yield
         return
     directory = where.local_path
     created = not directory.exists()

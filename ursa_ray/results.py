@@ -41,6 +41,7 @@ complete version:
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shutil
@@ -375,11 +376,11 @@ class ResultsDirectory:
         as they are, so that its rerun replaces them cheaply.  Returns, per table, (parts before, parts after).
 
         Safe to interrupt, and to run while nothing writes to the directory (``ursa-ray run`` holds its lock).
-        Local directories only: an object store has no atomic rename, so its parts stay as written."""
-        if not self.location.is_local:
-            return {}
+        An object store has no atomic rename: there a manifest says which parts count (:meth:`_compact_object_store`)."""
         for damaged in self.damaged_parts():
             raise damaged
+        if not self.location.is_local:
+            return self._compact_object_store()
         trials = self.read("trials", ["trial_id", "status"])
         failed = set(trials.loc[~trials["status"].isin(FINISHED), "trial_id"])
         report = {}
@@ -423,6 +424,63 @@ class ResultsDirectory:
         self._compacted = {}
         return report
 
+    def _compact_object_store(self) -> dict[str, tuple[int, int]]:
+        """Compact on an object store, where nothing can be renamed: each table's new ``compacted-NNNNN.parquet``
+        parts are uploaded whole, then the table's manifest (``<table>.parquet/_manifest.json``, :data:`MANIFEST`)
+        is written naming every compacted part and the parts they replace, then those parts are deleted and
+        the manifest rewritten without them.  Readers that follow the manifest (every ursa-ray reader, through
+        :func:`_part_files`) see each row once at every step; an interrupted compact is finished by the next
+        write or compact (:meth:`_settle`).  A plain Parquet reader of the folder sees the same rows except
+        while a compact runs."""
+        trials = self.read("trials", ["trial_id", "status"])
+        failed = set(trials.loc[~trials["status"].isin(FINISHED), "trial_id"])
+        report = {}
+        for name in SCHEMAS:
+            folder = self.folder(name)
+            if not folder.exists():
+                continue
+            self._settle(folder)
+            parts = _part_files(folder)
+            names = [p.rsplit("/", 1)[-1] for p in parts]
+            done = [n for n in names if n.startswith(COMPACTED)]
+            merged = [p for p, n in zip(parts, names, strict=True) if n not in done and n.removesuffix(".parquet") not in failed]
+            if not merged:
+                report[name] = (len(parts), len(parts))
+                continue
+            index = max((int(n[len(COMPACTED):].removesuffix(".parquet")) for n in done), default=-1)
+            written: list[str] = []
+            pending: list[pa.Table] = []
+            for batch in [*_batches(folder, name, files=merged), None]:
+                rows = sum(t.num_rows for t in pending)
+                if pending and (batch is None or rows + batch.num_rows > ROWS_PER_COMPACTED_PART):
+                    index += 1
+                    written.append(f"{COMPACTED}{index:05d}.parquet")
+                    (folder / written[-1]).write_parquet(pa.concat_tables(pending))
+                    pending = []
+                if batch is not None and batch.num_rows:
+                    pending.append(batch)
+            replaced = [p.rsplit("/", 1)[-1] for p in merged]
+            _write_manifest(folder, done + written, replaced)
+            self._settle(folder)
+            report[name] = (len(parts), len(parts) - len(merged) + len(written))
+        self._compacted = {}
+        return report
+
+    @staticmethod
+    def _settle(folder: Location) -> None:
+        """Finish an object-store table's interrupted compact: delete the parts its manifest says were replaced
+        and any compacted part it does not list (uploaded by a compact cut short before its manifest)."""
+        manifest = _read_manifest(folder)
+        if manifest is None:
+            return
+        listed, replaced = set(manifest["compacted"]), set(manifest["replaced"])
+        infos = folder.fs.get_file_info(pafs.FileSelector(folder.path))
+        for info in infos:
+            if info.base_name in replaced or (info.base_name.startswith(COMPACTED) and info.base_name not in listed):
+                folder.fs.delete_file(info.path)
+        if replaced:
+            _write_manifest(folder, manifest["compacted"], [])
+
     def _writable_folder(self, name: str) -> Location:
         """The table's folder, made ready for parts: created if new; a table written by an older ursa-ray (one
         Parquet file, or a plain folder of parts) is moved into the current layout first."""
@@ -444,6 +502,8 @@ class ResultsDirectory:
             old = pa.concat_tables(_batches(folder, name))
             folder.delete()
             (folder / f"{COMPACTED}00000.parquet").write_parquet(old)
+        else:
+            self._settle(folder)  # a compact cut short: finished before anything is added
         self._ready.add(name)
         return folder
 
@@ -461,11 +521,11 @@ class ResultsDirectory:
             folder = self.folder(name)
             found: dict[str, str] = {}
             if folder.exists():
-                selector = pafs.FileSelector(folder.path)
-                for info in folder.fs.get_file_info(selector):
-                    if info.base_name.startswith(COMPACTED) and info.base_name.endswith(".parquet"):
-                        ids = pq.read_table(info.path, columns=["trial_id"], filesystem=folder.fs)["trial_id"]
-                        found.update(dict.fromkeys(pa.compute.unique(ids).to_pylist(), info.base_name))
+                for path in _part_files(folder):
+                    base = path.rsplit("/", 1)[-1]
+                    if base.startswith(COMPACTED):
+                        ids = pq.read_table(path, columns=["trial_id"], filesystem=folder.fs)["trial_id"]
+                        found.update(dict.fromkeys(pa.compute.unique(ids).to_pylist(), base))
             self._compacted[name] = found
         return self._compacted[name]
 
@@ -501,11 +561,33 @@ def _batches(
 
 
 def _part_files(folder: Location) -> list[str]:
-    """The paths of a table's part files, sorted (an older single-file table: that file)."""
+    """The paths of a table's part files, sorted (an older single-file table: that file).  On an object store
+    with a manifest (:meth:`ResultsDirectory._compact_object_store`), only the compacted parts it lists and no
+    part it says they replaced."""
     if folder.fs.get_file_info(folder.path).type == pafs.FileType.File:
         return [folder.path]
     infos = folder.fs.get_file_info(pafs.FileSelector(folder.path))
-    return sorted(i.path for i in infos if i.base_name.endswith(".parquet") and not i.base_name.startswith((".", "_")))
+    names = {i.base_name: i.path for i in infos if i.base_name.endswith(".parquet") and not i.base_name.startswith((".", "_"))}
+    manifest = None if folder.is_local else _read_manifest(folder)
+    if manifest is not None:
+        listed, replaced = set(manifest["compacted"]), set(manifest["replaced"])
+        names = {n: p for n, p in names.items() if n not in replaced and (n in listed or not n.startswith(COMPACTED))}
+    return sorted(names.values())
+
+
+MANIFEST = "_manifest.json"
+"""Object stores: ``<table>.parquet/_manifest.json``, {"compacted": [part names], "replaced": [part names]}, the
+table's compacted parts and the parts they replaced that are not deleted yet (a leading ``_`` hides it from
+Parquet readers' folder discovery)."""
+
+
+def _read_manifest(folder: Location) -> dict[str, list[str]] | None:
+    manifest = folder / MANIFEST
+    return json.loads(manifest.read_text()) if manifest.exists() else None
+
+
+def _write_manifest(folder: Location, compacted: list[str], replaced: list[str]) -> None:
+    (folder / MANIFEST).write_text(json.dumps({"compacted": sorted(compacted), "replaced": sorted(replaced)}))
 
 
 def _parquet_damage(fs: pafs.FileSystem, path: str) -> str | None:

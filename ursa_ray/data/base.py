@@ -83,8 +83,11 @@ class DatasetSpec:
 
 def data_root(grid_value: str | None) -> Path:
     """The data root: ``URSA_DATA`` if set, else the grid's ``data_root``, else ``~/.ursa_ray/data``."""
-    chosen = os.environ.get("URSA_DATA") or grid_value or "~/.ursa_ray/data"
-    return Path(chosen).expanduser().resolve()
+    chosen = Path(os.environ.get("URSA_DATA") or grid_value or "~/.ursa_ray/data").expanduser()
+    try:
+        return chosen.resolve()
+    except RuntimeError:  # a symlink loop (Python 3.11): the dataset's check then says its files are not there
+        return chosen.absolute()
 
 
 def standardise(x: Tensor, mean: float, std: float) -> Tensor:
