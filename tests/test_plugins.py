@@ -222,7 +222,7 @@ def test_a_grid_runs_the_plugins_beside_a_built_in(example_plugin, ray_session, 
     metrics = pd.read_parquet(out / "metrics.parquet")
     far_ring = metrics[metrics["eval_set"] == "far_ring"]
     assert set(far_ring["method"]) == set(trials.index)
-    assert set(far_ring["metric"]) == {"ood_auroc_entropy", "ood_auroc_mi"}
+    assert {"ood_auroc_entropy", "ood_auroc_mi"} <= set(far_ring["metric"])  # the plug-in's OOD set is scored
     storage = metrics.query("eval_set == 'cost' and metric == 'storage_other_values'").set_index("method")["value"]
     assert storage.to_dict() == {"sgd": 0.0, "temperature_sgd": 1.0, "temperature_by_path": 1.0}
 
