@@ -50,7 +50,7 @@ MEAN_FIELD_FACTOR = math.pi / 8
 class RandomFeatureGP(nn.Module):
     """The GP output layer: fixed random Fourier features φ(h) and trained output weights β (module
     docstring).  ``precision`` (K or 1, D, D) is the Laplace precision accumulated while
-    ``accumulating``; :meth:`finalise` turns it into ``covariance``."""
+    ``accumulating`` (after :meth:`reset_precision`); :meth:`finalise` turns it into ``covariance``."""
 
     def __init__(self, in_features: int, n_outputs: int, n_features: int, lengthscale: float, gaussian_noise_std: float | None) -> None:
         super().__init__()
@@ -61,9 +61,11 @@ class RandomFeatureGP(nn.Module):
         nn.init.normal_(self.beta, std=0.01)
         self.gaussian_noise_std = gaussian_noise_std
         blocks = 1 if gaussian_noise_std is not None else n_outputs
-        eye = torch.eye(n_features, dtype=torch.float64)
-        self.register_buffer("precision", eye.repeat(blocks, 1, 1))  # float64: D × D sums over N examples
-        self.register_buffer("covariance", eye.repeat(blocks, 1, 1))
+        self.blocks = 1 if gaussian_noise_std is not None else n_outputs
+        # covariance: a float32 buffer, so the network's tensors share one dtype (bit depths, attacks flatten
+        # them); precision: float64 training state (sums over N examples), made by reset_precision
+        self.register_buffer("covariance", torch.eye(n_features).repeat(self.blocks, 1, 1))
+        self.precision: Tensor | None = None
         self.accumulating = False
         self.output_mode = "mean"  # "mean" (training), "mean_field" or "sampled" (test time)
 
@@ -72,8 +74,8 @@ class RandomFeatureGP(nn.Module):
         return math.sqrt(2.0 / self.n_features) * torch.cos(h @ self.projection.T + self.phase)
 
     def reset_precision(self) -> None:
-        eye = torch.eye(self.n_features, dtype=self.precision.dtype, device=self.precision.device)
-        self.precision.copy_(eye.expand_as(self.precision))
+        eye = torch.eye(self.n_features, dtype=torch.float64, device=self.beta.device)
+        self.precision = eye.repeat(self.blocks, 1, 1)
 
     def update_precision(self, phi: Tensor, outputs: Tensor) -> None:
         """Add Σ_i w_ik φ_i φ_iᵀ of a mini-batch: w_ik = p_ik (1 − p_ik), or 1/σ² for a Gaussian likelihood."""
@@ -85,13 +87,15 @@ class RandomFeatureGP(nn.Module):
             self.precision += torch.einsum("bk,bd,be->kde", p * (1 - p), phi, phi)
 
     def finalise(self) -> None:
-        """covariance = precision⁻¹ (per block, by Cholesky)."""
+        """covariance = precision⁻¹ (per block, by Cholesky in float64); the precision is then dropped."""
+        if self.precision is None:
+            raise RuntimeError("no Laplace precision accumulated (reset_precision, then forward passes)")
         self.covariance.copy_(torch.cholesky_inverse(torch.linalg.cholesky(self.precision)))
+        self.precision = None
 
     def variance(self, phi: Tensor) -> Tensor:
         """v_ik = φ_iᵀ Σ_k φ_i, shape (B, K) (one column broadcast for a Gaussian likelihood)."""
-        phi64 = phi.to(self.covariance.dtype)
-        v = torch.einsum("bd,kde,be->bk", phi64, self.covariance, phi64).to(phi.dtype)
+        v = torch.einsum("bd,kde,be->bk", phi, self.covariance, phi)
         return v.expand(-1, self.n_outputs) if v.shape[1] != self.n_outputs else v
 
     def forward(self, h: Tensor) -> Tensor:
