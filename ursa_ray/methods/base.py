@@ -95,6 +95,12 @@ class Problem:
     generator, which the trial seeds, so each seed and each call (each ensemble member) starts from its
     own initialisation.  ``generator`` drives the mini-batch order and the methods' own randomness.  ``augment``, when set, is applied to
     every training mini-batch (random crop and flip for CIFAR).
+
+    ``training_precision`` is the autocast dtype of the network body while a method trains (its forward
+    and backward passes): ``torch.bfloat16`` for mixed precision, None (the default) for float32
+    throughout.  Either way parameters, gradients, optimiser and sampler state and injected noise stay
+    float32 (the master weights), and the loss is computed in float32; a training loop enters the region
+    with :func:`~ursa_ray.methods._training.autocast_body`.
     """
 
     x: Tensor
@@ -104,6 +110,11 @@ class Problem:
     generator: torch.Generator
     device: torch.device
     augment: Augment | None = None
+    training_precision: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        if self.training_precision not in (None, torch.bfloat16):
+            raise ValueError(f"training_precision must be None (float32) or torch.bfloat16, got {self.training_precision}")
 
     @property
     def n_train(self) -> int:
@@ -275,6 +286,8 @@ class Method(Protocol):
     # Optional: ``posterior_storage(sample, config, n_samples) -> StorageCount`` declares what the method
     # stores to represent its posterior at test time (:class:`StorageCount`); without it, S networks
     # (:func:`sample_networks_storage`).  :func:`posterior_storage_count` reads it.
+    # Optional: ``tasks: tuple[str, ...]`` the dataset tasks the method supports ("classification",
+    # "regression"); grid validation refuses any other (default: every task).
 
 
 BUDGET_KEYS = ("epochs", "n_samples", "batch_size")

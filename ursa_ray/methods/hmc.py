@@ -18,6 +18,14 @@ float64 squares of the float32 coordinates.  With 2×10⁵ parameters ‖r‖²/
 spacing is 0.008, and float32 sums moved the log acceptance ratio H₀ − H₁ by up to about 0.04.  Gradients
 and the leapfrog updates stay float32.
 
+HMC trains in float32 whatever ``problem.training_precision`` says (the other methods' mixed precision,
+:mod:`~ursa_ray.methods._training`).  With the potential's network under bfloat16 autocast, U carries a
+rounding error that the Metropolis-Hastings test sees: on the 256-example Bayesian linear regression of
+``tests/exact_blr.py`` (CPU autocast) U_bf16 − U differed by 0.14 nats (std over exact posterior draws),
+an error growing like √N with the training set; the dual averaging then shrank ε from 0.027 to 10⁻⁴ and
+the chain's marginal stds came out at 1–3 % of the exact ones, where float32 passes the exact-posterior
+check.  ``tests/test_mixed_training.py`` checks that HMC ignores the setting.
+
 The state is one flat parameter vector per chain, the rows of a (C, P) tensor (:func:`run_chains`); the
 leapfrog updates are in-place (C, P) operations with a per-row step size.  One chain's potential is the
 flat-vector evaluation of :func:`make_potential` (the network's parameters views of a second flat vector

@@ -62,6 +62,7 @@ from ursa_ray.methods._sgmcmc_kernels import (
     momentum_step_,
     warm_up_kernels,
 )
+from ursa_ray.methods._training import autocast_body
 from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, can_batch, copy_generators
 from ursa_ray.methods.chains import ChainTrace, warm_up_diagnostics
 from ursa_ray.methods.base import (
@@ -391,7 +392,9 @@ class LangevinChain:
     (:mod:`ursa_ray.methods.distillation`).
 
     ``config`` supplies ``prior_std``, ``temperature`` and, for SGHMC, ``alpha``.  The noise key is drawn
-    from ``problem.generator`` once, here.  ``model`` must be in training mode while it steps.
+    from ``problem.generator`` once, here.  ``model`` must be in training mode while it steps.  The forward
+    pass runs in ``problem.training_precision`` (:func:`~ursa_ray.methods._training.autocast_body`); θ, its
+    gradient, the velocity and the injected noise stay in the parameters' dtype (float32 master weights).
     """
 
     def __init__(self, model: torch.nn.Module, problem: Problem, config: Mapping[str, Any], *, momentum: bool):
@@ -404,6 +407,7 @@ class LangevinChain:
         self.decay = 1.0 / (self.n_train * config["prior_std"] ** 2)  # prior gradient θ/σ² times η = lr/N, per unit lr
         self.temperature = config["temperature"]
         self.nll = problem.likelihood.nll
+        self.device, self.precision = problem.device, problem.training_precision
         self.steps = 0
 
     def step(self, xb: Tensor, yb: Tensor, lr: float, noisy: bool = True) -> Tensor:
@@ -412,7 +416,8 @@ class LangevinChain:
         theta, grad, velocity = self.flat.theta, self.flat.grad, self.velocity
         sigma = langevin_noise_std(lr / self.n_train, self.temperature, self.alpha) if noisy else 0.0
         with torch.enable_grad():
-            loss = self.nll(self.model(xb), yb)
+            with autocast_body(self.device, self.precision):
+                loss = self.nll(self.model(xb).float(), yb)
             self.flat.zero_grad()
             loss.backward()
         if self.steps == 0:

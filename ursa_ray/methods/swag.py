@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ursa_ray.methods._training import SGD_HYPERPARAMETERS, check_finite, train_sgd
+from ursa_ray.methods._training import SGD_HYPERPARAMETERS, autocast_body, check_finite, optimiser_options, train_sgd
 from ursa_ray.methods.base import (
     Constraint,
     Hyperparameter,
@@ -252,15 +252,18 @@ def collect_iterates(
 
     Returns the number of iterates collected; adds the optimiser steps to ``stats['grad_evals']``.
     ValueError, before any step, when ``swa_collect_every`` exceeds the phase's steps
-    (:data:`COLLECTS_ITERATES`).
+    (:data:`COLLECTS_ITERATES`).  Steps run in ``problem.training_precision`` (the collected weights are
+    the float32 master weights), the update with the fused kernel on a GPU.
     """
     COLLECTS_ITERATES.check(config, problem.n_train)
     optimiser = torch.optim.SGD(
-        model.parameters(), lr=config["swa_lr"], momentum=config["momentum"], weight_decay=config["weight_decay"]
+        model.parameters(), lr=config["swa_lr"], momentum=config["momentum"], weight_decay=config["weight_decay"],
+        **optimiser_options(problem.device),
     )
 
     def loss_at(xb: Tensor, yb: Tensor) -> Tensor:
-        return problem.likelihood.nll(model(xb), yb)
+        with autocast_body(problem.device, problem.training_precision):
+            return problem.likelihood.nll(model(xb).float(), yb)
 
     model.train()
     steps, collected = collection_phase(

@@ -1,0 +1,224 @@
+"""Mixed-precision training (``Problem.training_precision`` = bfloat16): the network body under bfloat16
+autocast, parameters, optimiser and sampler state and injected noise in float32 master weights.
+
+The same autocast runs on the CPU here.  The Bayesian-linear-regression problem of ``exact_blr.py`` is a
+single linear layer; it is *not* kept float32 here, so the whole network (inputs, weights, outputs) runs
+in bfloat16 -- a harder test than a trial's, whose output layer stays float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import scipy.stats
+import torch
+from torch import nn
+
+from exact_blr import batch_means_mcse, make_blr_problem
+from test_hmc import draw as hmc_draw
+from test_sgmcmc import CHAINS, N_TRAIN, PRIOR_STD, assert_spread, draw, exact_gradients, lr_for, without_numba  # noqa: F401
+from ursa_ray.methods import get_method
+from ursa_ray.methods._training import (
+    PRECISIONS,
+    autocast_body,
+    autocast_dtype,
+    default_precision,
+    optimiser_options,
+    train_sgd,
+)
+from ursa_ray.methods.base import Gaussian, Problem, flat_parameters, resolve_config
+from ursa_ray.methods.sgmcmc import LangevinChain
+
+BF16 = torch.bfloat16
+
+
+def mixed(problem: Problem) -> Problem:
+    return dataclasses.replace(problem, training_precision=BF16)
+
+
+def test_precision_names_and_defaults():
+    assert PRECISIONS == ("bf16-mixed", "float32")
+    assert autocast_dtype("bf16-mixed") is BF16 and autocast_dtype("float32") is None
+    with pytest.raises(ValueError, match="precision must be one of"):
+        autocast_dtype("float16")
+    assert default_precision(torch.device("cuda", 0), "classification") == "bf16-mixed"
+    assert default_precision(torch.device("cuda", 0), "regression") == "float32"
+    assert default_precision(torch.device("cpu"), "classification") == "float32"
+    assert optimiser_options(torch.device("cuda", 0)) == {"fused": True}
+    assert optimiser_options(torch.device("cpu")) == {}
+    problem, _, _ = make_blr_problem()
+    with pytest.raises(ValueError, match="training_precision"):
+        dataclasses.replace(problem, training_precision=torch.float16)
+
+
+def test_autocast_body_computes_the_body_in_bfloat16_and_nothing_without_it():
+    layer = nn.Linear(4, 3)
+    x = torch.randn(5, 4)
+    with autocast_body(torch.device("cpu"), BF16):
+        assert layer(x).dtype is BF16
+    with autocast_body(torch.device("cpu"), None):
+        assert layer(x).dtype is torch.float32
+
+
+def output_dtypes(problem: Problem) -> tuple[Problem, list[torch.dtype]]:
+    """``problem`` whose models record the dtype of every forward pass's output."""
+    seen: list[torch.dtype] = []
+    build = problem.make_model
+
+    def make_model() -> nn.Module:
+        model = build()
+        model.register_forward_hook(lambda m, args, out: seen.append(out.dtype))
+        return model
+
+    return dataclasses.replace(problem, make_model=make_model), seen
+
+
+@pytest.mark.parametrize("name", ["sgd", "sgld", "sghmc", "swag", "deep_ensemble"])
+def test_every_loop_trains_under_bfloat16_with_float32_parameters(name):
+    """Each of these methods' training forward passes runs under the autocast (the output's dtype is
+    bfloat16) and its parameters stay float32.  Catches a loop that ignores ``training_precision``."""
+    problem, _, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD)
+    if name == "deep_ensemble":  # an augmentation keeps the members off the batched path (batched.py)
+        problem = dataclasses.replace(problem, augment=lambda x, generator: x)
+    problem, seen = output_dtypes(mixed(problem))
+    method = get_method(name)
+    declared = {h.name for h in method.hyperparameters}
+    overrides = {"epochs": 2, "batch_size": 128} | ({"n_samples": 1} if "n_samples" in declared else {})
+    if name in ("sgld", "sghmc"):
+        overrides |= {"burn_in_epochs": 1, "lr": lr_for(0.03, cov), "prior_std": PRIOR_STD}
+    elif name == "swag":
+        overrides |= {"swa_epochs": 2, "lr": 1e-3, "swa_lr": 1e-3}
+    else:
+        overrides |= {"lr": 1e-3}
+    config = resolve_config(method, overrides)
+    for predictor in method.sample_posterior(problem, config, {}):
+        assert all(p.dtype is torch.float32 for p in predictor.parameters())
+    assert seen and set(seen) == {BF16}, seen
+
+
+def test_float32_problem_trains_in_float32():
+    problem, _, _ = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD)
+    problem, seen = output_dtypes(problem)
+    train_sgd(problem.make_model(), problem, resolve_config(get_method("sgd"), {"epochs": 1, "lr": 1e-3}), {})
+    assert seen and set(seen) == {torch.float32}
+
+
+# --- the injected noise lands on float32 master weights ----------------------------------------------
+
+
+def noise_problem(make_model) -> Problem:
+    """A regression problem on d = 2000 inputs whose model is a linear layer with every weight at 1.0."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 2000, generator=generator)
+    return Problem(x, torch.randn(64, generator=generator), Gaussian(1.0), make_model, generator,
+                   torch.device("cpu"), training_precision=BF16)
+
+
+def ones_linear(dtype: torch.dtype = torch.float32) -> nn.Module:
+    model = nn.Linear(2000, 1).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(1.0)
+    return model
+
+
+def one_step_movement(problem: Problem, momentum: bool) -> torch.Tensor:
+    """θ₁ − θ₀ (float64) of one SGLD or SGHMC step with noise σ = 10⁻⁴ and a negligible gradient term:
+    η = 10⁻¹² on U (lr = η·N) and T = 5·10³, so √(2αηT) = 10⁻⁴ (α = 1 for SGHMC, whose velocity starts at 0
+    and takes the whole noise in its first step), while η‖∇U‖ ≈ 10⁻⁹."""
+    config = {"prior_std": 1.0, "temperature": 5e3, "alpha": 1.0}
+    chain = LangevinChain(problem.make_model(), problem, config, momentum=momentum)
+    before = chain.flat.theta.double().clone()
+    chain.model.train()
+    chain.step(problem.x, problem.y, lr=1e-12 * problem.n_train)
+    return chain.flat.theta.double() - before
+
+
+@pytest.mark.parametrize("momentum", [False, True], ids=["sgld", "sghmc"])
+def test_noise_far_below_bfloat16_resolution_moves_the_float32_master_weights(momentum):
+    """Weights of magnitude 1 and noise of scale 10⁻⁴: bfloat16's spacing at 1 is 2⁻⁷ ≈ 0.008, so the
+    noise rounds away on bfloat16 weights (shown first); under the mixed path the float32 master weights
+    move by it, with the right spread (2001 draws: std within 10 %)."""
+    ones = torch.ones(2001, dtype=BF16)
+    assert torch.equal(ones + 1e-4 * torch.randn(2001).to(BF16), ones)  # bf16 weights would not move
+    movement = one_step_movement(noise_problem(ones_linear), momentum)
+    assert movement.abs().min() > 0, "some master weights did not move"
+    assert abs(movement.std().item() / 1e-4 - 1) < 0.1, movement.std().item()
+
+
+def test_master_weight_check_fails_on_bfloat16_weights(without_numba):  # noqa: F811
+    """Mutation: the same step on a network converted to bfloat16 (noise added to bfloat16 weights, torch's
+    generator: the numba kernel refuses bfloat16) leaves the weights where they were, and the check above
+    fails."""
+    movement = one_step_movement(noise_problem(lambda: ones_linear(BF16)), momentum=False)
+    assert torch.equal(movement, torch.zeros_like(movement))
+    with pytest.raises(AssertionError):
+        assert movement.abs().min() > 0
+
+
+# --- injected-noise variance ÷ 2αηT under the mixed path ---------------------------------------------
+
+
+@pytest.mark.parametrize("name,friction", [("sgld", 1.0), ("sghmc", 0.3)])
+def test_one_step_noise_variance_under_bfloat16_is_2_alpha_eta_T(name, friction):
+    """θ₁ − θ₀ + η∇U(θ₀) = √(2αηT)·ξ (full batch, v₀ = 0) with the body in bfloat16: the 200 seeds' 1000
+    standardised residuals have mean 0 and variance 1 within Monte Carlo error (two-sided 0.1 % bounds of
+    the χ² distribution of the sample variance; the bfloat16 gradient's error moves it by about 10⁻³)."""
+    seeds, starts, ends = 200, [], []
+    for seed in range(seeds):
+        problem, _, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=seed)
+        made = []
+
+        def make_model(inner=problem.make_model):
+            model = inner()
+            made.append(flat_parameters(model).double().clone())
+            return model
+
+        problem = mixed(dataclasses.replace(problem, make_model=make_model))
+        extra = {"alpha": friction, "schedule": "constant"} if name == "sghmc" else {}
+        samples, _ = draw(name, problem, lr=lr_for(0.03, cov), batch_size=N_TRAIN, epochs=1, burn_in_epochs=0,
+                          n_samples=1, **extra)
+        starts.append(made[0])
+        ends.append(samples[0])
+    theta0, theta1 = torch.stack(starts), torch.stack(ends)
+    grads, etas = exact_gradients(seeds, theta0)
+    values = ((theta1 - theta0 + etas[:, None] * grads) / torch.sqrt(2 * friction * etas)[:, None]).flatten()
+    n = values.numel()
+    low, high = (scipy.stats.chi2.ppf(q, n - 1) / (n - 1) for q in (0.0005, 0.9995))
+    variance = values.var().item()
+    assert low < variance < high, f"noise variance / 2αηT = {variance:.3f}, expected within [{low:.3f}, {high:.3f}]"
+    assert abs(values.mean().item()) < 3.3 / math.sqrt(n)
+
+
+# --- exact posterior under the mixed path -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["sgld", "sghmc"])
+def test_sgmcmc_samples_the_exact_posterior_under_bfloat16(name):
+    """``tests/test_sgmcmc.py``'s chains (a third as long: 700 epochs, 300 samples) and checks with the body
+    in bfloat16: marginal stds within 20 % of the exact ones, the chain's mean within 3.5 Monte Carlo
+    standard errors of the exact mean."""
+    problem, mean, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=0)
+    settings = dict(CHAINS[name], epochs=700, n_samples=300)
+    lr = lr_for(settings.pop("eta_lambda"), cov)
+    samples, stats = draw(name, mixed(problem), lr=lr, **settings)
+    assert stats["n_samples"] == len(samples) == settings["n_samples"]
+    assert_spread(samples, cov, tol=0.2)
+    mcse = batch_means_mcse(samples, n_batches=20)
+    z = (samples.mean(0) - mean) / mcse
+    assert (z.abs() < 3.5).all(), f"(mean − exact) / MCSE = {z.tolist()}"
+
+
+def test_hmc_ignores_the_mixed_precision_setting():
+    """HMC stays float32 on a bfloat16 problem (its module docstring says why: under bfloat16 autocast its
+    chain on this problem shrank ε to 10⁻⁴ and its stds to 1–3 % of the exact ones): the potential's
+    network computes in float32 and the chain is the float32 chain, draw for draw."""
+    settings = dict(step_size=1e-3, n_leapfrog=2, burn_in=20, n_samples=20, step_jitter=0.2)
+    problem, _, _ = make_blr_problem(n=256, prior_std=PRIOR_STD, seed=0)
+    reference, _ = hmc_draw(problem, **settings)
+    problem, seen = output_dtypes(mixed(make_blr_problem(n=256, prior_std=PRIOR_STD, seed=0)[0]))
+    samples, _ = hmc_draw(problem, **settings)
+    assert seen and set(seen) == {torch.float32}
+    assert torch.equal(samples, reference)
