@@ -251,7 +251,7 @@ def test_changed_data_is_another_grid_for_a_results_directory(tmp_path, capsys):
     results directory of the grid on one file refuses the same grid on another file, or on the same file
     with other content, instead of counting its trials as finished."""
     npz(tmp_path, "a.npz")
-    npz(tmp_path, "b.npz")
+    npz(tmp_path, "b.npz", x_train=tabular(seed=2)["x_train"])
     grid = tmp_path / "grid.yaml"
     grid.write_text(grid_text(datasets=[entry("a.npz")]))
     first = load_grid(grid)
@@ -260,7 +260,7 @@ def test_changed_data_is_another_grid_for_a_results_directory(tmp_path, capsys):
     record_grid(out, first, grid_fingerprint(first))  # what a finished run leaves
     before = files(tmp_path)
 
-    grid.write_text(grid_text(datasets=[entry("b.npz")]))  # the same name, another file
+    grid.write_text(grid_text(datasets=[entry("b.npz")]))  # the same name, another file (other data)
     err = one_line_error(capsys, ["run", str(grid), "--out", str(out)])
     assert err.startswith(f"error: {out}: holds the results of another grid"), err
     grid.write_text(grid_text(datasets=[entry("a.npz")]))
@@ -273,6 +273,13 @@ def test_changed_data_is_another_grid_for_a_results_directory(tmp_path, capsys):
     assert len(ids) == 2
     npz(tmp_path, "a.npz")  # the content back: the same trial again
     assert load_grid(grid).trial_specs()[0]["trial_id"] == first.trial_specs()[0]["trial_id"]
+    moved = tmp_path / "moved"  # the project moved: paths differ, data and ids do not
+    moved.mkdir()
+    for name in ("grid.yaml", "a.npz"):
+        (moved / name).write_bytes((tmp_path / name).read_bytes())
+    again = load_grid(moved / "grid.yaml")
+    assert again.datasets[0].file["path"] != first.datasets[0].file["path"]
+    assert again.trial_specs()[0]["trial_id"] == first.trial_specs()[0]["trial_id"]
 
 
 # --------------------------------------------------------------------------------------------------

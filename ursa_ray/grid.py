@@ -304,10 +304,11 @@ def trial_id(spec: dict[str, Any]) -> str:
     """Deterministic id: the same trial in a rerun of the same grid gets the same id (this makes resume work).
     It hashes everything a result depends on: phase, method, model and dataset with their options, OOD sets,
     seed, configuration, and for a dataset read from files its ``file`` block with the sha256 of the files'
-    content (so changed data is a new trial, and a new grid for :func:`ursa_ray.guard.grid_fingerprint`)."""
+    content (so changed data is a new trial, and a new grid for :func:`ursa_ray.guard.grid_fingerprint`), but
+    not the files' paths (moving the project keeps a results directory resumable)."""
     identity = {k: spec[k] for k in ("phase", "method", "model", "model_options", "dataset", "dataset_options", "ood", "seed", "config")}
     if spec.get("dataset_file") is not None:
-        identity["dataset_file"] = spec["dataset_file"]
+        identity["dataset_file"] = {k: v for k, v in spec["dataset_file"].items() if k not in ("path", "ood")}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"{spec['phase']}-{spec['cell'].replace('/', '-')}-s{spec['seed']}-{digest}"
 
@@ -725,6 +726,15 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
                         "restrict the method with 'models:' or 'datasets:'",
                     )
     for i, m in enumerate(method_entries):
+        tasks = getattr(methods.get_method(m.name), "tasks", None)  # optional: the tasks a method supports
+        for d in dataset_entries:
+            if tasks is not None and d.task not in tasks and any(m.pairs_with(mo.name, d.name) for mo in model_entries):
+                raise _fail(
+                    path,
+                    f"methods[{i}]",
+                    f"method {m.label!r} supports {' and '.join(tasks)} datasets only, not the {d.task} dataset "
+                    f"{d.name!r}; restrict it with 'datasets:'",
+                )
         _check_constraints(path, i, m, model_names, budget)
     if search is not None:
         _check_selection_metric(path, search, method_entries, dataset_entries, model_names)

@@ -142,13 +142,13 @@ def parse_file_settings(raw: Any, base: Path) -> dict[str, Any]:
 
 def content_digest(paths: list[str]) -> str:
     """sha256 over the bytes of every file at ``paths`` (a folder: every file under it, by sorted relative path),
-    so that a trial's id changes when its data does (:func:`ursa_ray.grid.trial_id`).  Each file is read once,
-    when the grid is parsed; a path that does not exist counts as absent (loading it then fails, before any
-    trial)."""
+    so that a trial's id changes when its data does (:func:`ursa_ray.grid.trial_id`), and not when the data
+    moves (the paths themselves are not hashed).  Each file is read once, when the grid is parsed; a path that
+    does not exist counts as absent (loading it then fails, before any trial)."""
     digest = hashlib.sha256()
     for path in map(Path, paths):
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path] if path.is_file() else []
-        digest.update(f"{path}\0{len(files)}\0".encode())
+        digest.update(f"{len(files)}\0".encode())
         for file in files:
             digest.update(f"{file.relative_to(path) if file != path else ''}\0".encode())
             with open(file, "rb") as f:
