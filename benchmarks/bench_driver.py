@@ -54,7 +54,7 @@ GRID = {
 
 def trivial_trial(param: dict[str, Any]) -> None:
     """A Tune trainable that does (almost) nothing: the outcome folder of a finished trial with no metrics,
-    reported as ``run_ursa_trial`` reports it.  ``param["busy_s"]``: seconds to busy-loop first (0: none)."""
+    reported as ``run_ursa_trial`` reports it.  A spec's ``busy_s``: seconds to busy-loop first (0: none)."""
     import json
     import os
     import tempfile
@@ -62,13 +62,16 @@ def trivial_trial(param: dict[str, Any]) -> None:
 
     from ray import tune
 
+    from ursa_ray.tune.trainable import config_specs
+
     started, started_cpu = time.monotonic(), time.process_time()
-    busy = float(param["specs"][0].get("busy_s", 0.0))
+    specs = config_specs(param, "")
+    busy = float(specs[0].get("busy_s", 0.0))
     while time.monotonic() - started < busy:
         pass
     in_trial_s, cpu_s = time.monotonic() - started, time.process_time() - started_cpu
     with tempfile.TemporaryDirectory(prefix="ursa-") as folder:
-        for i, _ in enumerate(param["specs"]):
+        for i, _ in enumerate(specs):
             os.makedirs(os.path.join(folder, str(i)))
             record = {"status": "ok", "error": "", "cpu_s": cpu_s, "train_s": in_trial_s, "worker_pid": os.getpid()}
             with open(os.path.join(folder, str(i), "record.json"), "w") as f:
@@ -84,6 +87,12 @@ def trivial_specs(n: int, busy_s: float = 0.0) -> tuple[Any, list[dict[str, Any]
     return grid, specs
 
 
+def resident_mb() -> float:
+    """The driver's resident memory now (``/proc/self/statm``), in MB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
 class Timeline:
     """Per recorded trial: the driver's CPU and wall clock just after its rows were written, and the CPU
     time spent in ``ResultsDirectory.add`` so far (wrapped around the results directory's ``add``;
@@ -93,6 +102,7 @@ class Timeline:
         self.cpu: list[float] = []
         self.wall: list[float] = []
         self.add_cpu: list[float] = []
+        self.rss_mb: list[float] = []  # the driver's resident memory just after each trial's rows were written
         self._in_add = 0.0
         add = results.add if write else (lambda *args, **kwargs: None)
 
@@ -104,6 +114,7 @@ class Timeline:
             self.cpu.append(now)
             self.wall.append(time.monotonic())
             self.add_cpu.append(self._in_add)
+            self.rss_mb.append(resident_mb())
 
         results.add = timed_add  # type: ignore[method-assign]
 
@@ -233,6 +244,14 @@ def driver_cost(n_trials: int, window: int, echo: Any, write: bool = True) -> di
         for end in range(early_end, recorded + 1, max(window, (recorded - early_end) // 8 or 1))
     ]
     print(f"  driver CPU ms per trial, by window ending at trial: {', '.join(trend)}")
+    half = recorded // 2
+    slope_kb = 1024 * (timeline.rss_mb[-1] - timeline.rss_mb[half - 1]) / (recorded - half)
+    figures["rss_kb_per_trial"] = slope_kb
+    rss = [f"{end}: {timeline.rss_mb[end - 1]:.0f}" for end in range(window, recorded + 1, max(window, recorded // 8))]
+    print(
+        f"  driver resident MB by trial: {', '.join(rss)}; growth {slope_kb:.1f} KB a trial over the second half "
+        f"(trials {half}-{recorded}): {slope_kb * 1e5 / 2**20:.2f} GB at 100,000 trials"
+    )
     return figures
 
 

@@ -116,12 +116,13 @@ def test_fit_check_counts_node_types_the_autoscaler_may_add(ray_session, tmp_pat
 def test_each_trial_asks_for_its_own_resources_and_the_fit_check_names_who_asks(ray_session, tmp_path, monkeypatch):
     from ursa_ray.grid import GridError, parse_grid
     from ursa_ray.tune import runner, trials
+    from ursa_ray.tune.trainable import pack
 
     methods = ["sgd", {"name": "mc_dropout", "resources": {"gpu": 0}}]  # the method's gpu wins over the model's
     models = [{"name": "mlp", "options": {"widths": [16]}}, {"name": "linear", "resources": {"gpu": 1}}]
     path = str(tmp_path / "g.yaml")
     grid = parse_grid(dict(TINY, methods=methods, models=models), path)
-    asked = {(s["label"], s["model"]): trials.placement({"specs": [s]}).required_resources for s in grid.trial_specs()}
+    asked = {(s["label"], s["model"]): trials.placement({"specs": pack([s])}).required_resources for s in grid.trial_specs()}
     assert asked == {
         ("sgd", "mlp"): {"CPU": 1.0},
         ("sgd", "linear"): {"CPU": 1.0, "GPU": 1.0},
@@ -135,7 +136,7 @@ def test_each_trial_asks_for_its_own_resources_and_the_fit_check_names_who_asks(
     )  # the final phase's first line
     assert runner._requests(parse_grid(TINY, path).trial_specs(), grid) == "CPU=1 each"
     search = grid.spec_for(grid.cells()[1], 0, "search", {})  # a search trial of sgd on linear
-    assert trials.placement({"spec": search, "hp": {"lr": 0.1}}).required_resources == {"CPU": 1.0, "GPU": 1.0}
+    assert trials.placement({"spec": pack(search), "hp": {"lr": 0.1}}).required_resources == {"CPU": 1.0, "GPU": 1.0}
     monkeypatch.setattr(trials, "LAUNCHER_CONFIG", tmp_path / "absent.yaml")
     with pytest.raises(GridError) as info:
         trials.check_cluster_fits(grid)

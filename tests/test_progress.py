@@ -11,6 +11,7 @@ import pytest
 
 from ursa_ray.cli import build_parser
 from ursa_ray.tune.progress import Progress
+from ursa_ray.tune.trainable import pack
 from ursa_ray.tune.trials import ResultsCallback, RunSummary
 
 
@@ -164,7 +165,7 @@ def test_the_results_callback_counts_seeds_once_per_tune_trial_and_echoes_retrie
     assert callback.progress is progress
     callback.setup()
     specs = [{"phase": "final", "trial_id": f"t{i}", "resources": {"cpu": 1, "gpu": 0, "custom": {}}} for i in range(3)]
-    trial = SimpleNamespace(trial_id="a", config={"specs": specs})
+    trial = SimpleNamespace(trial_id="a", config={"specs": pack(specs)})
     callback.on_trial_start(0, [], trial)
     callback.on_trial_start(1, [], trial)  # Tune starts a retried trial again: its seeds are counted once
     assert progress.started == 3

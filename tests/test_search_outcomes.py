@@ -28,6 +28,7 @@ from ursa_ray.grid import parse_grid
 from ursa_ray.results import ResultsDirectory
 from ursa_ray.tune.trials import Interrupt, ResultsCallback, RunStopper, RunSummary
 from ursa_ray.tune.search import ComputeBudget, _search_algorithm, search_plan
+from ursa_ray.tune.trainable import pack
 
 MLP = [{"name": "mlp", "options": {"widths": [32]}}]
 DIGITS = [{"name": "digits", "ood": ["noise"]}]
@@ -324,7 +325,7 @@ def _callback_without_results(stopper):
 def _fake_trial(spec, trial_id="abc_00001"):
     return SimpleNamespace(
         trial_id=trial_id,
-        config={"spec": spec, "hp": {"lr": 0.1}},
+        config={"spec": pack(spec), "hp": {"lr": 0.1}},
         last_result={"status": "running", "n_samples": 1, "val_nll": 1.3, "cpu_s": 2.5, "train_s": 2.0},
         checkpoint=None,
         node_ip="10.0.0.1",

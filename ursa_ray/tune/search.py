@@ -34,6 +34,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from ursa_ray.grid import Grid, cell_key
 from ursa_ray.results import ResultsDirectory
+from ursa_ray.tune.trainable import pack
 from ursa_ray.tune.trials import run_trials
 
 DISTRIBUTIONS = {
@@ -200,7 +201,7 @@ def run_search_phase(
                 echo,
                 interrupt,
                 tune_config=tune_config,
-                param_space={"spec": base, "hp": space},
+                param_space={"spec": pack(base), "hp": space},
                 budget=budget if budget.active else None,
                 total=remaining,
             )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import socket
 import tempfile
 import time
@@ -41,13 +42,29 @@ def request(resources: Mapping[str, Any]) -> dict[str, float]:
     return {k: v for k, v in need.items() if v > 0}
 
 
+def pack(specs: Any) -> bytes:
+    """A Tune config's value for ursa-ray specs (a final trial's list of specs, a search cell's base spec): one
+    pickled ``bytes``.  Tune copies a trial's config into several places per trial (the trial, its flattened
+    parameters, its results); ``bytes`` is immutable, so every copy is the same ~1 KB object, where a nested
+    spec dict was copied whole each time (docs/performance.md, "The driver on large grids")."""
+    return pickle.dumps(specs, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def config_specs(config: Mapping[str, Any], tune_trial_id: str) -> list[dict[str, Any]]:
+    """The ursa-ray specs a Tune trial's ``config`` carries: a final trial's seeds (``config["specs"]``), or a
+    search trial's one (the cell's ``config["spec"]`` with the sampled ``config["hp"]`` and an id of its own)."""
+    if config.get("hp"):
+        return [search_trial_spec(pickle.loads(config["spec"]), config["hp"], tune_trial_id)]
+    return pickle.loads(config["specs"])
+
+
 def placement(config: dict[str, Any]) -> tune.PlacementGroupFactory:
     """A Tune trial's own request, from its config (``tune.with_resources`` calls it for each trial): a final
-    trial's seeds (``config["specs"]``, one cell: one request) or a search trial's ``config["spec"]``.
+    trial's seeds (one cell: one request) or a search trial's spec.
 
     It lives here, beside the trainable, because Tune pickles it with the trainable: a worker unpickling it
     imports this light module only (not the grid's, which imports torch before the trial's timed warm-up)."""
-    spec = config["specs"][0] if "specs" in config else config["spec"]
+    spec = pickle.loads(config["specs"])[0] if "specs" in config else pickle.loads(config["spec"])
     return tune.PlacementGroupFactory([request(spec["resources"])])
 
 
@@ -61,18 +78,15 @@ def search_trial_spec(spec: dict[str, Any], hp: dict[str, Any], tune_trial_id: s
 
 
 def run_ursa_trial(param: dict[str, Any]) -> None:
-    """Tune entry point.  ``param["specs"]``: the final-phase trial specs this Tune trial runs (several seeds
-    of one cell are one batched computation, :func:`ursa_ray.trial.run_trials_batched`); in the search
-    phase ``param["spec"]`` with the sampled ``param["hp"]``."""
+    """Tune entry point.  ``param``: a Tune config (:func:`config_specs`): the final-phase trial specs this Tune
+    trial runs (several seeds of one cell are one batched computation, :func:`ursa_ray.trial.run_trials_batched`),
+    or in the search phase the cell's spec with the sampled ``param["hp"]``."""
     import torch
 
     from ursa_ray.trial import pick_device, warm_up_worker
 
     global _worker_warm
-    if param.get("hp"):
-        specs = [search_trial_spec(param["spec"], param["hp"], tune.get_context().get_trial_id())]
-    else:
-        specs = param["specs"]
+    specs = config_specs(param, tune.get_context().get_trial_id())
     torch.set_num_threads(max(1, int(specs[0]["resources"]["cpu"])))
     # subnormal floats (Adam's second moments of weights whose gradients vanish, for one) are up to 100×
     # slower on x86 CPUs: flushing them to zero made variational dropout's 1,000-epoch regression trials

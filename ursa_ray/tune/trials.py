@@ -41,7 +41,7 @@ from ray.tune.stopper import NoopStopper
 from ursa_ray.grid import Grid, GridError
 from ursa_ray.results import ResultsDirectory, transfer_examples_location
 from ursa_ray.tune.progress import Progress
-from ursa_ray.tune.trainable import placement, request, run_ursa_trial, search_trial_spec
+from ursa_ray.tune.trainable import config_specs, pack, placement, request, run_ursa_trial
 
 Echo = Callable[[str], None]
 
@@ -475,9 +475,7 @@ class ResultsCallback(tune.Callback):
 def trial_specs(trial: Any) -> list[dict[str, Any]]:
     """The ursa-ray specs a Tune trial runs: a search trial's one (its sampled hyperparameters and an id), or
     a final trial's seeds."""
-    if trial.config.get("hp"):
-        return [search_trial_spec(trial.config["spec"], trial.config["hp"], trial.trial_id)]
-    return [dict(spec) for spec in trial.config["specs"]]
+    return config_specs(trial.config, trial.trial_id)
 
 
 def _metric_base(spec: dict[str, Any]) -> dict[str, Any]:
@@ -570,7 +568,7 @@ class SpecQueue(Searcher):
             return None
         self._next += 1
         self._running[trial_id] = [spec["trial_id"] for spec in group]
-        return {"specs": [self._with_examples(spec) for spec in group]}
+        return {"specs": pack([self._with_examples(spec) for spec in group])}
 
     def _with_examples(self, spec: dict[str, Any]) -> dict[str, Any]:
         if "transfer_from" not in spec:
@@ -650,7 +648,7 @@ def run_trials(
             reuse_actors=True,
             max_concurrent_trials=grid.max_concurrent_trials,
             scheduler=LiveFIFOScheduler(),
-            trial_dirname_creator=lambda t: t.config["specs"][0]["trial_id"][:80],
+            trial_dirname_creator=lambda t: config_specs(t.config, t.trial_id)[0]["trial_id"][:80],
         )
     storage = results.location / "ray"  # checkpoints: a local folder, or the same object store as the results
     tuner = tune.Tuner(
