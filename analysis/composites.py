@@ -112,9 +112,9 @@ def decision_task_datasets(trials: pd.DataFrame) -> set[str]:
     return set(trials.loc[trials["decision_task"].fillna(False).astype(bool), "dataset"])
 
 
-def cell_means(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
-    """Per (composite, method, model, dataset, eval_set): the mean over seeds, on the cells the composite
-    covers (decision-task cells for ``decision_cost``, in-domain cells for every other composite)."""
+def composite_rows(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """The metric rows behind each composite, one per (composite, trial, eval_set), with a ``composite``
+    column: decision-task cells for ``decision_cost``, in-domain cells for every other composite."""
     final = final_metrics(metrics, trials)
     decision = final["dataset"].isin(decision_task_datasets(trials))
     frames = []
@@ -133,19 +133,35 @@ def cell_means(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
             rows = rows[rows["eval_set"].str.startswith("corrupt:") & rows["eval_set"].str.endswith(":3")]
         else:
             rows = rows[rows["eval_set"] == kind]
-        if rows.empty:
-            continue
-        means = rows.groupby(["method", *CELL_KEYS], as_index=False)["value"].mean()
-        means.insert(0, "composite", name)
-        frames.append(means)
+        if not rows.empty:
+            frames.append(rows.assign(composite=name))
     if not frames:
-        return pd.DataFrame(columns=["composite", "method", *CELL_KEYS, "value"])
+        return pd.DataFrame(columns=["composite", *metrics.columns])
     return pd.concat(frames, ignore_index=True)
+
+
+def cell_means(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """Per (composite, method, model, dataset, eval_set): the mean over seeds (see :func:`composite_rows`)."""
+    rows = composite_rows(metrics, trials)
+    if rows.empty:
+        return pd.DataFrame(columns=["composite", "method", *CELL_KEYS, "value"])
+    return rows.groupby(["composite", "method", *CELL_KEYS], as_index=False, sort=False)["value"].mean()
+
+
+def unit_values(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """Per (composite, method, model, dataset, seed), a *unit*: the composite's metric in that trial averaged
+    over the composite's sets (OOD sets, corruption sets; one set for the others).  The unit of every
+    interval over seeds and of every paired comparison (:mod:`analysis.statistics`)."""
+    rows = composite_rows(metrics, trials)
+    keys = ["composite", "method", "model", "dataset", "seed"]
+    if rows.empty:
+        return pd.DataFrame(columns=[*keys, "value"])
+    return rows.groupby(keys, as_index=False, sort=False)["value"].mean()
 
 
 def principle_ranks(cells: pd.DataFrame) -> pd.DataFrame:
     """Per method: ``rank_P`` for each principle P with results, and ``mean_rank`` (see the module doc);
-    ``cells`` as returned by :func:`cell_means`."""
+    ``cells``: a ``value`` per composite, method, model, dataset (and optionally eval_set, averaged here)."""
     per_cell = cells.groupby(["composite", "method", "model", "dataset"], as_index=False)["value"].mean()
     columns = {}
     for principle, names in PRINCIPLES.items():
@@ -182,14 +198,30 @@ def cell_counts(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def composite_scores(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
-    """One row per method: the composites, the per-principle ranks, the mean rank and the cell counts."""
-    cells = cell_means(metrics, trials)
-    if cells.empty:
+def composite_scores(
+    metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float = 0.05, interval: str = "t"
+) -> pd.DataFrame:
+    """One row per method: the composites, the per-principle ranks, the mean rank, the cell counts, and per
+    composite C its 1 − ``alpha`` interval ``C_low``, ``C_high`` and ``C_seeds`` (the fewest seeds behind any
+    of its cells) at the end: :func:`analysis.intervals.composite_interval` over the cells'
+    ``interval`` intervals (``t`` or ``bootstrap``)."""
+    from analysis.intervals import cell_intervals, composite_interval
+
+    units = unit_values(metrics, trials)
+    if units.empty:
         return pd.DataFrame()
-    table = cells.groupby(["method", "composite"])["value"].mean().unstack("composite")
-    table = table[[c for c in COMPOSITES if c in table.columns]]
-    table = table.join(principle_ranks(cells)).join(cell_counts(metrics, trials), how="left")
+    cells = cell_intervals(units, ["composite", "method", "model", "dataset"], alpha, interval)
+    rows = {}
+    for (name, method), group in cells.groupby(["composite", "method"], sort=False):
+        mean, low, high = composite_interval(group, alpha)
+        rows.setdefault(method, {}).update({name: mean, f"{name}_low": low, f"{name}_high": high,
+                                            f"{name}_seeds": int(group["seeds"].min())})
+    everything = pd.DataFrame.from_dict(rows, orient="index")
+    names = [c for c in COMPOSITES if c in everything.columns]
+    per_cell = cells.rename(columns={"mean": "value"})
+    table = everything[names].join(principle_ranks(per_cell)).join(cell_counts(metrics, trials), how="left")
+    table = table.join(everything[[f"{c}_{part}" for c in names for part in ("low", "high", "seeds")]])
+    table.index.name = "method"
     return table.sort_values("mean_rank" if "mean_rank" in table else table.columns[0])
 
 
@@ -225,17 +257,24 @@ def better_direction() -> dict[str, str]:
 
 
 def per_cell_table(
-    metrics: pd.DataFrame, trials: pd.DataFrame, metric: str, eval_set: str, task: str | None = "classification"
+    metrics: pd.DataFrame, trials: pd.DataFrame, metric: str, eval_set: str, task: str | None = "classification",
+    alpha: float = 0.05, interval: str = "t",
 ) -> pd.DataFrame:
-    """Mean ± std over seeds of one metric on one evaluation set: rows methods, columns model/dataset
+    """Mean ± std over seeds of one metric on one evaluation set, then the 1 − ``alpha`` interval of the mean
+    (:func:`analysis.intervals.mean_interval`) and the number of seeds: rows methods, columns model/dataset
     (trials of one task, or of every task when ``task`` is None)."""
+    from analysis.intervals import cell_intervals
+    from analysis.tables import format_number
+
     final = final_metrics(metrics, trials, task=task)
     rows = final[(final["metric"] == metric) & (final["eval_set"] == eval_set)]
     if rows.empty:
         return pd.DataFrame()
-    stats = rows.groupby(["method", "model", "dataset"])["value"].agg(["mean", "std"]).reset_index()
+    stats = cell_intervals(rows, ["method", "model", "dataset"], alpha, interval)
     stats["text"] = [
-        f"{m:.3f} ± {0.0 if np.isnan(s) else s:.3f}" for m, s in zip(stats["mean"], stats["std"], strict=True)
+        f"{format_number(float(m))} ± {format_number(0.0 if np.isnan(s) else float(s))} "
+        + (f"[{format_number(float(lo))}, {format_number(float(hi))}] n={n}" if n > 1 else "(1 seed: no interval)")
+        for m, s, lo, hi, n in zip(stats["mean"], stats["std"], stats["low"], stats["high"], stats["seeds"], strict=True)
     ]
     stats["cell"] = stats["model"] + " / " + stats["dataset"]
     return stats.pivot(index="method", columns="cell", values="text").fillna("-")

@@ -17,6 +17,11 @@ Per method, model, experiment, complexity and test point, over the k repetitions
 Aggregates over the in-distribution and the out-of-distribution test points (:func:`coverage_summary`)
 first average each repetition over the region's points and then take mean and standard error over the
 repetitions (SE = sd_r / √k for all three quantities, since points within a repetition are correlated).
+
+Intervals (``*_low``, ``*_high``, level 1 − α, α = 0.05 unless given): a test point's coverage is a
+proportion of k repetitions, so it gets Wilson's score interval (:func:`analysis.intervals.wilson_interval`);
+deviation and uncertainty, and every region average (a mean over repetitions of per-repetition means), get
+Student's t interval mean ± t_{1−α/2, k−1} · SE.
 """
 
 from __future__ import annotations
@@ -76,9 +81,23 @@ def uncertainty_ratio(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFram
     return out
 
 
-def coverage_table(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
+def _t_intervals(table: pd.DataFrame, names: Iterable[str], alpha: float) -> pd.DataFrame:
+    """``name_low`` / ``name_high`` = name ∓ t_{1−α/2, k−1} · name_se for each of ``names`` (NaN where k < 2)."""
+    from scipy import stats
+
+    t = stats.t.ppf(1 - alpha / 2, (table["k"] - 1).clip(lower=1)).astype(float)
+    for name in names:
+        table[f"{name}_low"] = table[name] - t * table[f"{name}_se"]
+        table[f"{name}_high"] = table[name] + t * table[f"{name}_se"]
+    return table
+
+
+def coverage_table(points: pd.DataFrame, anchor: str = ANCHOR, alpha: float = 0.05) -> pd.DataFrame:
     """One row per method, model, experiment, complexity and point_id with k, deviation, uncertainty and coverage
-    (each with its standard error), x, in_distribution, truth, the anchor ratio and the below-anchor flag."""
+    (each with its standard error and 1 − ``alpha`` interval: t for the first two, Wilson for coverage), x,
+    in_distribution, truth, the anchor ratio and the below-anchor flag."""
+    from analysis.intervals import wilson_interval
+
     df = _with_indicators(points)
     grouped = df.groupby(POINT, sort=True)
     extra = {"x": ("x", "first")} if "x" in df.columns else {}
@@ -95,15 +114,19 @@ def coverage_table(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
     ).reset_index()
     table = _finish_se(table)
     table["coverage_se"] = np.sqrt(table["coverage"] * (1 - table["coverage"]) / table["k"])
+    table = _t_intervals(table, ("deviation", "uncertainty"), alpha)
+    table["coverage_low"], table["coverage_high"] = wilson_interval(
+        np.rint(table["coverage"] * table["k"]), table["k"], alpha)
     table["in_distribution"] = table["in_distribution"].astype(bool)
     ratio = uncertainty_ratio(points, anchor)[POINT + ["anchor_uncertainty", "uncertainty_ratio", "below_anchor"]]
     return table.merge(ratio, on=POINT, how="left")
 
 
-def coverage_summary(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
+def coverage_summary(points: pd.DataFrame, anchor: str = ANCHOR, alpha: float = 0.05) -> pd.DataFrame:
     """Per method, model, experiment, complexity and region (in_distribution True / False): k repetitions,
-    n_points, deviation, uncertainty and coverage with standard errors over repetitions, the mean over the
-    region's points of the uncertainty ratio to the anchor, and the share of points below the anchor."""
+    n_points, deviation, uncertainty and coverage with standard errors and 1 − ``alpha`` t intervals over
+    repetitions, the mean over the region's points of the uncertainty ratio to the anchor, and the share of
+    points below the anchor."""
     df = _with_indicators(points)
     region = CELL + ["in_distribution"]
     per_rep = df.groupby(region + ["repetition"], as_index=False).agg(
@@ -120,7 +143,7 @@ def coverage_summary(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame
         coverage=("coverage", "mean"),
         **_se("coverage"),
     ).reset_index()
-    summary = _finish_se(summary)
+    summary = _t_intervals(_finish_se(summary), ("deviation", "uncertainty", "coverage"), alpha)
     table = coverage_table(points, anchor)
     ratios = table.groupby(region, as_index=False).agg(
         uncertainty_ratio=("uncertainty_ratio", "mean"), share_below_anchor=("below_anchor", "mean")
@@ -158,22 +181,30 @@ def named_points(points: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["experiment", "complexity", "point_id", "label", "order"])
 
 
-def named_point_table(points: pd.DataFrame, anchor: str = ANCHOR) -> pd.DataFrame:
+def named_point_table(points: pd.DataFrame, anchor: str = ANCHOR, alpha: float = 0.05) -> pd.DataFrame:
     """:func:`coverage_table` restricted to the named points, with their ``label``."""
     labels = named_points(points)
     if labels.empty:
         return labels
-    table = coverage_table(points, anchor).merge(labels, on=["experiment", "complexity", "point_id"])
+    table = coverage_table(points, anchor, alpha).merge(labels, on=["experiment", "complexity", "point_id"])
     first = table.groupby("label")["order"].transform("min")
     return table.assign(order=first).sort_values(["experiment", "order", "complexity"]).reset_index(drop=True)
 
 
-def _pm(value: float, se: float, digits: int = 3) -> str:
+def _interval(frame: pd.DataFrame, name: str, digits: int = 3) -> list[str]:
+    """``mean [low, high]`` of column ``name`` per row (``mean`` alone where k < 2)."""
     from analysis.tables import format_number
 
-    if isinstance(value, float) and math.isnan(value):
-        return "-"
-    return f"{format_number(float(value), digits)} ± {format_number(float(se), digits)}"
+    texts = []
+    for value, low, high in zip(frame[name], frame[f"{name}_low"], frame[f"{name}_high"], strict=True):
+        if isinstance(value, float) and math.isnan(value):
+            texts.append("-")
+        elif math.isnan(float(low)):
+            texts.append(f"{format_number(float(value), digits)} (k = 1: no interval)")
+        else:
+            texts.append(f"{format_number(float(value), digits)} [{format_number(float(low), digits)}, "
+                         f"{format_number(float(high), digits)}]")
+    return texts
 
 
 def method_order(methods: Iterable[str], anchor: str = ANCHOR) -> list[str]:
@@ -182,20 +213,22 @@ def method_order(methods: Iterable[str], anchor: str = ANCHOR) -> list[str]:
     return ([anchor] if anchor in methods else []) + sorted(m for m in methods if m != anchor)
 
 
-def regression_markdown(points: pd.DataFrame, anchor: str = ANCHOR) -> str:
-    """Coverage tables as markdown: per experiment, the in-distribution / OOD summary and the named points."""
+def regression_markdown(points: pd.DataFrame, anchor: str = ANCHOR, alpha: float = 0.05) -> str:
+    """Coverage tables as markdown: per experiment, the in-distribution / OOD summary and the named points,
+    every quantity with its 1 − ``alpha`` interval over the k repetitions."""
     from analysis.tables import markdown_table
 
     if points.empty:
         return "no regression points"
     out = [
         f"Deviation |mean − truth|, uncertainty (std) and coverage (share of repetitions with "
-        f"|mean − truth| ≤ {Z}·std; ideal 0.95) as mean ± standard error over repetitions. "
+        f"|mean − truth| ≤ {Z}·std; ideal 0.95) as mean [{1 - alpha:.0%} interval] over the k repetitions: "
+        f"Wilson's interval for a test point's coverage (a proportion of k), Student's t otherwise. "
         f"`ratio` is the uncertainty divided by the anchor's ({anchor}); `below` flags an uncertainty below "
         f"the anchor's (then the prediction is biased or the uncertainty too small)."
     ]
-    summary = coverage_summary(points, anchor)
-    named = named_point_table(points, anchor)
+    summary = coverage_summary(points, anchor, alpha)
+    named = named_point_table(points, anchor, alpha)
     order = {m: i for i, m in enumerate(method_order(list(points["method"].unique()), anchor))}
     for experiment in sorted(summary["experiment"].unique()):
         s = summary[summary["experiment"] == experiment].copy()
@@ -207,9 +240,9 @@ def regression_markdown(points: pd.DataFrame, anchor: str = ANCHOR) -> str:
             "method": s["method"],
             "model": s["model"],
             "k": s["k"].astype(int).astype(str),
-            "deviation": [_pm(a, b) for a, b in zip(s["deviation"], s["deviation_se"])],
-            "uncertainty": [_pm(a, b) for a, b in zip(s["uncertainty"], s["uncertainty_se"])],
-            "coverage": [_pm(a, b) for a, b in zip(s["coverage"], s["coverage_se"])],
+            "deviation": _interval(s, "deviation"),
+            "uncertainty": _interval(s, "uncertainty"),
+            "coverage": _interval(s, "coverage"),
             "ratio": s["uncertainty_ratio"].astype(float),
             "share below": s["share_below_anchor"].astype(float),
         })
@@ -224,9 +257,9 @@ def regression_markdown(points: pd.DataFrame, anchor: str = ANCHOR) -> str:
                 "complexity": n["complexity"].map(lambda c: f"{c:g}"),
                 "method": n["method"],
                 "model": n["model"],
-                "deviation": [_pm(a, b) for a, b in zip(n["deviation"], n["deviation_se"])],
-                "uncertainty": [_pm(a, b) for a, b in zip(n["uncertainty"], n["uncertainty_se"])],
-                "coverage": [_pm(a, b) for a, b in zip(n["coverage"], n["coverage_se"])],
+                "deviation": _interval(n, "deviation"),
+                "uncertainty": _interval(n, "uncertainty"),
+                "coverage": _interval(n, "coverage"),
                 "ratio": n["uncertainty_ratio"].astype(float),
                 "below": n["below_anchor"].map({True: "yes", False: ""}),
             })

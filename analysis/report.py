@@ -15,8 +15,10 @@ import pandas as pd
 from analysis.adversarial_robustness import adversarial_table, plot_accuracy_against_epsilon
 from analysis.bit_depth import bit_depth_table
 from analysis.corruption_shift import corruption_table, corruption_values, plot_corruption_shift
-from analysis.composites import better_direction, composite_coverage, composite_scores, is_ood_set, per_cell_table
+from analysis.composites import COMPOSITES, better_direction, composite_coverage, is_ood_set, per_cell_table
+from analysis.intervals import interval_text
 from analysis.pareto import pareto_markdown
+from analysis.statistics import ranked_composites, statistics_markdown
 from analysis.tables import load_results, markdown_table
 from ursa_ray.results import Location, is_uri
 
@@ -40,31 +42,49 @@ COST_METRICS = (
 )
 
 
-def composite_text(scores: pd.DataFrame, coverage: pd.DataFrame) -> str:
-    """The composite-score table (from :func:`~analysis.composites.composite_scores`) with its legend, and
+def composite_display(scores: pd.DataFrame) -> pd.DataFrame:
+    """The composite table as shown: each composite as ``mean [low, high] n=seeds`` (its interval and the
+    fewest seeds behind a cell), the interval columns folded in."""
+    shown = scores.copy()
+    for name in [c for c in COMPOSITES if c in scores.columns]:
+        shown[name] = [interval_text(m, lo, hi, n) for m, lo, hi, n in
+                       zip(scores[name], scores[f"{name}_low"], scores[f"{name}_high"],
+                           scores[f"{name}_seeds"].fillna(0).astype(int), strict=True)]
+    if "best_group" in shown:
+        shown["best_group"] = shown["best_group"].map({True: "yes", False: "no"}).fillna("-")
+    return shown.drop(columns=[c for c in scores.columns if c.endswith(("_low", "_high", "_seeds"))])
+
+
+def composite_text(scores: pd.DataFrame, coverage: pd.DataFrame, alpha: float = 0.05) -> str:
+    """The composite-score table (from :func:`~analysis.statistics.ranked_composites`) with its legend, and
     the cells each composite averages (from :func:`~analysis.composites.composite_coverage`)."""
     direction = better_direction()
     legend = ", ".join(f"{c}: {direction[c]} is better" for c in scores.columns if c in direction)
     return (
-        markdown_table(scores)
-        + f"\n\n({legend}; means over cells of seed means; rank_* rank within each principle, mean_rank"
-        " averages the principles with equal weight; see README, Composite scores)\n\nCells behind each"
-        " composite:\n\n" + markdown_table(coverage, index=False)
+        markdown_table(composite_display(scores))
+        + f"\n\n({legend}; means over cells of seed means with their {1 - alpha:.0%} interval (Student t over"
+        " seeds, propagated over cells) and the fewest seeds behind a cell; rank_* rank within each principle,"
+        " mean_rank averages the principles with equal weight; best_group: not significantly different from"
+        f" the best mean_rank (Friedman and Nemenyi over the principles, α = {alpha}); see README, Composite"
+        " scores, and docs/statistics.md)\n\nCells behind each composite:\n\n"
+        + markdown_table(coverage, index=False)
     )
 
 
-def write_report(results_dir: str | Path | Location, cost: bool = False) -> str:
+def write_report(results_dir: str | Path | Location, cost: bool = False, alpha: float = 0.05) -> str:
     """Write ``results_dir/report.md`` (and figures) and return the text to print; ``results_dir`` is a local
-    folder or an object-store URI."""
+    folder or an object-store URI; ``alpha``: the level of every interval (1 − alpha) and test."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"--alpha {alpha}: must be between 0 and 1 (exclusive)")
     shown = results_dir if isinstance(results_dir, Location) or is_uri(results_dir) else Path(results_dir)
     where = Location.parse(shown)
     if where.is_local:
-        return _write_report(where, where.local_path / "figures", shown, cost)
+        return _write_report(where, where.local_path / "figures", shown, cost, alpha)
     with tempfile.TemporaryDirectory(prefix="ursa-ray-figures-") as staging:
-        return _write_report(where, Path(staging), shown, cost)
+        return _write_report(where, Path(staging), shown, cost, alpha)
 
 
-def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool) -> str:
+def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool, alpha: float) -> str:
     """The report of the results at ``where``, its figures drawn into the local ``figures_dir`` (uploaded to
     ``where/figures/`` when ``where`` is not local)."""
     results = load_results(where)
@@ -77,24 +97,29 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool)
 
     printed = []
     figures_extra: list[Path] = []  # figures of the classification sections
-    scores = composite_scores(metrics, trials) if not metrics.empty else pd.DataFrame()
+    scores = ranked_composites(metrics, trials, alpha) if not metrics.empty else pd.DataFrame()
     if not scores.empty and (metrics["eval_set"] == "test").any():
-        composites = composite_text(scores, composite_coverage(metrics, trials))
+        composites = composite_text(scores, composite_coverage(metrics, trials), alpha)
         sections += ["", "## Composite scores", "", composites]
         printed += ["Composite scores", composites]
-        sections += ["", "## Per-cell results (mean ± std over seeds)"]
+        verdict, cd_figures = statistics_markdown(metrics, trials, figures_dir, alpha)
+        figures_extra += cd_figures
+        sections += ["", "## Which differences are real", "", verdict]
+        printed += ["Which differences are real", verdict.split("\n\n### ")[0]]
+        sections += ["", f"## Per-cell results (mean ± std over seeds, then the {1 - alpha:.0%} interval of the mean "
+                         "(Student t) and the number of seeds n)"]
         for metric, title in TEST_METRICS:
-            table = per_cell_table(metrics, trials, metric, "test")
+            table = per_cell_table(metrics, trials, metric, "test", alpha=alpha)
             if not table.empty:
                 sections += ["", f"### {title}", "", markdown_table(table)]
         ood_sets = sorted(s for s in set(metrics["eval_set"]) if is_ood_set(s))
         for ood in ood_sets:
             for metric in ("ood_auroc_mi", "ood_auroc_entropy"):
-                table = per_cell_table(metrics, trials, metric, ood)
+                table = per_cell_table(metrics, trials, metric, ood, alpha=alpha)
                 if not table.empty:
                     sections += ["", f"### OOD detection vs {ood}: {metric}", "", markdown_table(table)]
         for metric, title in COST_METRICS:
-            table = per_cell_table(metrics, trials, metric, "cost", task=None)
+            table = per_cell_table(metrics, trials, metric, "cost", task=None, alpha=alpha)
             if not table.empty:
                 sections += ["", f"### {title}", "", markdown_table(table)]
         robustness = adversarial_table(metrics, trials)
@@ -131,7 +156,7 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool)
         from analysis.regression_figures import write_regression_figures
 
         figures = write_regression_figures(results.points, figures_dir)
-        text = regression_markdown(results.points)
+        text = regression_markdown(results.points, alpha=alpha)
         sections += ["", "## Deep regression against the anchor model", "", text, ""]
         sections += [f"![{p.stem}](figures/{p.name})" for p in figures]
         printed += ["Deep regression against the anchor model", text]

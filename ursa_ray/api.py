@@ -4,7 +4,8 @@
 
     summary = ursa_ray.run("grids/quickstart.yaml", out="results/quickstart")   # or a dict, or a Grid
     results = ursa_ray.load("results/quickstart")
-    results.composites                       # one row per method: composite scores and ranks
+    results.composites                       # one row per method: composite scores, intervals and ranks
+    results.compare(principle="uncertainty") # paired tests, Friedman/Nemenyi, resolution (pandas frames)
     results.metrics.query("eval_set == 'test'")
 
 ``ursa-ray run`` and ``ursa-ray report`` are thin layers over :func:`run` and :func:`load` (plus printing),
@@ -141,21 +142,31 @@ def _compact(where: Location, echo: Callable[[str], None]) -> dict[str, tuple[in
 @dataclass(frozen=True)
 class BenchmarkResults:
     """The tables of a results directory (see :mod:`ursa_ray.results` for their columns) and the composite
-    table the report prints first (:func:`analysis.composites.composite_scores`; empty without
-    classification test metrics)."""
+    table the report prints first (:func:`analysis.statistics.ranked_composites`: composites with their 95%
+    intervals, ranks and the best group; empty without classification test metrics)."""
 
     trials: pd.DataFrame
     metrics: pd.DataFrame
     points: pd.DataFrame
     composites: pd.DataFrame
 
+    def compare(self, principle: str | None = None, alpha: float = 0.05, interval: str = "t") -> Any:
+        """The statistical comparison behind the report (:class:`analysis.statistics.Comparison`: ``cells``,
+        ``composites``, ``pairs``, ``friedman``, ``ranks``, ``resolution`` as pandas frames) for one
+        ``principle`` (``accuracy``, ``uncertainty``, ``ood``, ``decision``, ``robustness``, ``test_time``) or
+        all; ``alpha``: level of the tests, 1 − alpha of the intervals; ``interval``: ``t`` or ``bootstrap``.
+        docs/statistics.md explains each table."""
+        from analysis.statistics import compare
+
+        return compare(self.metrics, self.trials, principle=principle, alpha=alpha, interval=interval)
+
 
 def load(out: str | Path | Location) -> BenchmarkResults:
     """The results of a run: ``out`` as given to :func:`run` (a local folder or an object-store URI)."""
-    from analysis.composites import composite_scores
+    from analysis.statistics import ranked_composites
     from analysis.tables import load_results
 
     tables = load_results(out)
     has_test = not tables.metrics.empty and (tables.metrics["eval_set"] == "test").any()
-    composites = composite_scores(tables.metrics, tables.trials) if has_test else pd.DataFrame()
+    composites = ranked_composites(tables.metrics, tables.trials) if has_test else pd.DataFrame()
     return BenchmarkResults(tables.trials, tables.metrics, tables.points, composites)

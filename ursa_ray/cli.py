@@ -130,9 +130,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import write_report
     from ursa_ray.results import DamagedPart, NotAResultsDirectory
 
+    if not 0 < args.alpha < 1:
+        print(f"error: --alpha {args.alpha}: must be between 0 and 1 (exclusive), e.g. 0.05", file=sys.stderr)
+        return 2
     try:
         _check_tables(args.results)
-        text = write_report(args.results, cost=args.cost)
+        text = write_report(args.results, cost=args.cost, alpha=args.alpha)
     except (NotAResultsDirectory, DamagedPart) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -233,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="print the composite table and write DIR/report.md")
     report.add_argument("results", help="results directory or object-store URI (as given to run --out)")
     report.add_argument("--cost", action="store_true", help="print the search + inference cost report too")
+    report.add_argument("--alpha", type=float, default=0.05,
+                        help="level of every test, 1 - alpha of every interval (default 0.05; docs/statistics.md)")
     report.set_defaults(func=_cmd_report)
     compact = sub.add_parser(
         "compact", help="merge a results directory's part files into a few large ones (readers see the same tables)"

@@ -1,0 +1,486 @@
+"""Which differences between methods are real: paired tests, Friedman ranks with a critical difference, and how
+small a difference the seeds can resolve.  Reads only the metrics and trials tables; docs/statistics.md
+explains each test's assumptions and how to read the figures.
+
+The *unit* of comparison is one (model, dataset, seed) of a composite (:func:`analysis.composites.unit_values`:
+the composite's metric in that trial, averaged over its sets).  Methods of one seed share the seed's data,
+splits and streams, so two methods' values on the same unit are paired.
+
+* **Paired tests** (:func:`paired_tests`): for each principle, each of its composites and each pair of
+  methods, the Wilcoxon signed-rank test (:func:`scipy.stats.wilcoxon`, exact for small samples) of the
+  differences a − b over the units both methods completed (never imputed), Holm-corrected over every
+  (composite, pair) test of the principle (Holm 1979; :func:`holm`).
+  Effect size: the median paired difference with its distribution-free order-statistic interval
+  (:func:`scipy.stats.quantile_test`; none below 6 units).  ``better`` names the better method where the
+  corrected p is below α, else ``tie``.
+* **Friedman and Nemenyi** (:func:`friedman_test`; Demšar 2006): blocks are the units all compared methods
+  completed; within a block each composite of the principle ranks the methods (1 = best, ties share the
+  mean) and a method's block score is its mean rank over the principle's composites, so each metric counts
+  once.  The Friedman test (:func:`scipy.stats.friedmanchisquare`, tie-corrected) asks whether any method
+  ranks differently; Nemenyi's post-hoc (:func:`scikit_posthocs.posthoc_nemenyi_friedman`) compares every
+  pair, and two methods differ when their mean ranks differ by more than the critical difference
+  CD = q_α · √(k(k + 1) / (6N)), q_α the studentized range quantile for k methods over √2.  Post-hoc
+  differences count only when the Friedman test rejects; otherwise every method is in the best group.
+* **Resolution** (:func:`resolvable_differences`): with n units per pair and spread s_d (the median over
+  pairs of the standard deviation of paired differences), the smallest difference a paired test finds with
+  80% power at Holm's first step α/m (m tests in the principle) is
+  δ = (t_{1−α/(2m), n−1} + t_{0.8, n−1}) · s_d / √n (the paired t approximation of the Wilcoxon test), and
+  the exact Wilcoxon test cannot give p below 2/2ⁿ, so it needs n ≥ log₂(2m/α) units before any
+  ordering can survive.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from analysis.composites import COMPOSITES, PRINCIPLES, unit_values
+
+UNIT = ["model", "dataset", "seed"]
+POWER = 0.8
+
+
+def _better_sign(composite: str) -> int:
+    return 1 if COMPOSITES[composite][2] else -1
+
+
+def wide_units(units: pd.DataFrame, composite: str) -> pd.DataFrame:
+    """``composite``'s units as rows (model, dataset, seed) and methods as columns (NaN where a method lacks
+    the unit)."""
+    rows = units[units["composite"] == composite]
+    return rows.pivot_table(index=UNIT, columns="method", values="value", aggfunc="first")
+
+
+def pair_differences(wide: pd.DataFrame) -> tuple[list[tuple[str, str]], np.ndarray]:
+    """Every pair (a, b) of ``wide``'s methods (a before b alphabetically) and a units × pairs array of
+    a − b, NaN where either lacks the unit."""
+    methods = sorted(wide.columns)
+    values = wide[methods].to_numpy(dtype=float)
+    pairs = list(combinations(range(len(methods)), 2))
+    if not pairs:
+        return [], np.empty((len(wide), 0))
+    first, second = (np.array(index) for index in zip(*pairs, strict=True))
+    return [(methods[i], methods[j]) for i, j in pairs], values[:, first] - values[:, second]
+
+
+def wilcoxon_p_values(differences: np.ndarray) -> np.ndarray:
+    """Two-sided Wilcoxon signed-rank p-values of each column of ``differences`` (units × pairs; NaN rows of a
+    column are units a method lacks, left out).  Exact where a column has no zero and no tied |difference|
+    (one vectorised call); the normal approximation with tie correction otherwise, zeros dropped (as R's
+    ``wilcox.test`` does); 1.0 where every difference is zero, NaN without units."""
+    p = np.full(differences.shape[1], np.nan)
+    complete = ~np.isnan(differences).any(axis=0)
+    clean = []
+    for column in range(differences.shape[1]):
+        d = differences[:, column]
+        d = d[~np.isnan(d)]
+        if d.size == 0:
+            continue
+        if np.all(d == 0):
+            p[column] = 1.0
+        elif np.all(d != 0) and np.unique(np.abs(d)).size == d.size:
+            if complete[column]:
+                clean.append(column)
+            else:
+                p[column] = stats.wilcoxon(d, method="exact").pvalue
+        else:
+            p[column] = stats.wilcoxon(d, zero_method="wilcox", method="approx").pvalue
+    if clean:
+        p[clean] = stats.wilcoxon(differences[:, clean], axis=0, method="exact").pvalue
+    return p
+
+
+def median_interval(differences: np.ndarray, alpha: float) -> tuple[float, float]:
+    """The distribution-free 1 − ``alpha`` interval [d_(j+1), d_(n−j)] of the median of ``differences`` from
+    order statistics, j the largest with P(Binomial(n, ½) ≤ j) ≤ α/2 (the interval
+    :func:`scipy.stats.quantile_test` gives, tests/test_statistics.py; written out here because that call
+    costs milliseconds per pair); NaN where no j exists (n < 6 at α = 0.05)."""
+    n = differences.size
+    j = int(stats.binom.ppf(alpha / 2, n, 0.5)) if n else -1
+    while j >= 0 and stats.binom.cdf(j, n, 0.5) > alpha / 2:
+        j -= 1
+    if j < 0:
+        return float("nan"), float("nan")
+    ordered = np.sort(differences)
+    return float(ordered[j]), float(ordered[n - 1 - j])
+
+
+def holm(p_values: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjusted p-values: the i-th smallest of m finite p-values times (m − i + 1), the
+    running maximum, capped at 1; NaN stays NaN.  The values of statsmodels'
+    ``multipletests(method="holm")`` (tests/test_statistics.py), written out because that call runs a full
+    garbage collection each time (about 0.3 s, per principle and per simulated benchmark)."""
+    p_values = np.asarray(p_values, dtype=float)
+    adjusted = np.full_like(p_values, np.nan)
+    finite = np.flatnonzero(np.isfinite(p_values))
+    order = finite[np.argsort(p_values[finite], kind="stable")]
+    m = order.size
+    adjusted[order] = np.minimum(np.maximum.accumulate((m - np.arange(m)) * p_values[order]), 1.0)
+    return adjusted
+
+
+def principle_units(units: pd.DataFrame, principle: str) -> pd.DataFrame:
+    return units[units["composite"].isin(PRINCIPLES[principle])]
+
+
+def paired_tests(units: pd.DataFrame, alpha: float = 0.05, principles: list[str] | None = None) -> pd.DataFrame:
+    """One row per (principle, composite, method_a, method_b): ``units`` compared, ``median_difference``
+    (a − b, in the metric's units) with ``difference_low`` / ``difference_high``, ``p_value``, ``p_holm``
+    (Holm over the principle's tests) and ``better`` (a method, or ``tie``).  See the module doc."""
+    rows = []
+    for principle in principles or list(PRINCIPLES):
+        these = principle_units(units, principle)
+        family = []
+        for composite in [c for c in PRINCIPLES[principle] if c in set(these["composite"])]:
+            pairs, differences = pair_differences(wide_units(these, composite))
+            for (a, b), d, p in zip(pairs, differences.T, wilcoxon_p_values(differences), strict=True):
+                d = d[~np.isnan(d)]
+                low, high = median_interval(d, alpha)
+                median = float(np.median(d)) if d.size else float("nan")
+                direction = np.sign(median) if median else np.sign(d.mean() if d.size else 0.0)
+                family.append({"principle": principle, "composite": composite, "method_a": a, "method_b": b,
+                               "units": d.size, "median_difference": median, "difference_low": low,
+                               "difference_high": high, "p_value": float(p), "_direction": direction})
+        if not family:
+            continue
+        adjusted = holm(np.array([r["p_value"] for r in family]))
+        for row, p in zip(family, adjusted, strict=True):
+            direction = row.pop("_direction")
+            significant = bool(np.isfinite(p) and p < alpha and direction != 0)
+            winner = row["method_a"] if direction * _better_sign(row["composite"]) > 0 else row["method_b"]
+            rows.append(row | {"p_holm": float(p), "better": winner if significant else "tie"})
+    columns = ["principle", "composite", "method_a", "method_b", "units", "median_difference", "difference_low",
+               "difference_high", "p_value", "p_holm", "better"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def block_scores(units: pd.DataFrame, principle: str) -> pd.DataFrame:
+    """Rows: the units (model, dataset, seed) every method with results in ``principle`` completed on every
+    composite of it; columns: methods; values: the method's rank in the unit (1 = best) averaged over the
+    principle's composites."""
+    these = principle_units(units, principle)
+    ranks = []
+    for composite in [c for c in PRINCIPLES[principle] if c in set(these["composite"])]:
+        table = these[these["composite"] == composite].pivot_table(index=UNIT, columns="method", values="value")
+        ranks.append(table.rank(axis=1, ascending=not COMPOSITES[composite][2], method="average"))
+    if not ranks:
+        return pd.DataFrame()
+    methods = sorted(set().union(*(r.columns for r in ranks)))
+    ranks = [r.reindex(columns=methods) for r in ranks]
+    stacked = pd.concat(ranks, axis=1, keys=range(len(ranks)), join="inner")
+    complete = stacked.dropna()
+    return complete.T.groupby(level=1).mean().T[methods] if not complete.empty else pd.DataFrame(columns=methods)
+
+
+@dataclass
+class FriedmanResult:
+    """The Friedman test and Nemenyi post-hoc of one principle (see the module doc)."""
+
+    principle: str
+    methods: list[str]
+    blocks: int  # complete blocks used
+    all_blocks: int  # units with any result in the principle
+    mean_ranks: pd.Series = field(default_factory=pd.Series)  # per method, 1 = best
+    statistic: float = float("nan")
+    p_value: float = float("nan")
+    critical_difference: float = float("nan")
+    nemenyi: pd.DataFrame = field(default_factory=pd.DataFrame)  # p-values, methods × methods
+    best_group: list[str] = field(default_factory=list)  # not significantly different from the best
+    note: str = ""
+
+
+def nemenyi_critical_difference(k: int, n: int, alpha: float = 0.05) -> float:
+    """CD = q_α √(k(k+1)/(6N)), q_α = studentized range quantile (k, ∞) / √2 (Demšar 2006, Section 3.2.2)."""
+    q = stats.studentized_range.ppf(1 - alpha, k, np.inf) / math.sqrt(2)
+    return float(q * math.sqrt(k * (k + 1) / (6 * n)))
+
+
+def friedman_test(units: pd.DataFrame, principle: str, alpha: float = 0.05) -> FriedmanResult:
+    """Friedman's test over the complete blocks of ``principle`` and Nemenyi's post-hoc (module doc)."""
+    import scikit_posthocs
+
+    scores = block_scores(units, principle)
+    these = principle_units(units, principle)
+    all_blocks = len(these[UNIT].drop_duplicates())
+    methods = list(scores.columns)
+    result = FriedmanResult(principle, methods, len(scores), all_blocks)
+    if len(methods) < 3 or len(scores) < 2:
+        result.note = (f"{len(methods)} methods over {len(scores)} complete blocks: the Friedman test needs at "
+                       "least 3 methods and 2 blocks (see the paired tests)")
+        result.best_group = methods
+        return result
+    within = scores.rank(axis=1, method="average")
+    result.mean_ranks = within.mean().sort_values()
+    if (scores.nunique(axis=1) == 1).all():
+        result.statistic, result.p_value = 0.0, 1.0
+    else:
+        test = stats.friedmanchisquare(*[scores[m].to_numpy() for m in methods])
+        result.statistic, result.p_value = float(test.statistic), float(test.pvalue)
+    result.critical_difference = nemenyi_critical_difference(len(methods), len(scores), alpha)
+    result.nemenyi = scikit_posthocs.posthoc_nemenyi_friedman(scores.to_numpy())
+    result.nemenyi.index = result.nemenyi.columns = methods
+    best = result.mean_ranks.index[0]
+    if result.p_value < alpha:
+        result.best_group = [m for m in result.mean_ranks.index if m == best or result.nemenyi.loc[best, m] >= alpha]
+    else:
+        result.best_group = list(result.mean_ranks.index)
+    return result
+
+
+def resolvable_differences(units: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Per (principle, composite): ``units`` per pair (median), ``cells``, ``seeds`` (median per cell), the
+    spread ``sd_difference`` of paired differences, ``resolvable`` (the smallest difference found with 80%
+    power at α/m), ``tests`` (m) and ``units_needed`` (the fewest units with which the exact Wilcoxon test
+    can pass α/m).  See the module doc."""
+    rows = []
+    for principle, names in PRINCIPLES.items():
+        these = principle_units(units, principle)
+        present = [c for c in names if c in set(these["composite"])]
+        differences = {c: pair_differences(wide_units(these, c))[1] for c in present}
+        m = sum(d.shape[1] for d in differences.values())
+        for composite in present:
+            if not differences[composite].shape[1]:
+                continue
+            diffs = [d[~np.isnan(d)] for d in differences[composite].T]
+            n = int(np.median([d.size for d in diffs]))
+            spreads = [d.std(ddof=1) for d in diffs if d.size > 1]
+            sd = float(np.median(spreads)) if spreads else float("nan")
+            rows_c = these[these["composite"] == composite]
+            cells = len(rows_c[["model", "dataset"]].drop_duplicates())
+            seeds = int(rows_c.groupby(["method", "model", "dataset"])["seed"].nunique().median())
+            delta = float("nan")
+            if n > 1 and np.isfinite(sd):
+                level = alpha / m
+                delta = (stats.t.ppf(1 - level / 2, n - 1) + stats.t.ppf(POWER, n - 1)) * sd / math.sqrt(n)
+            rows.append({"principle": principle, "composite": composite, "units": n, "cells": cells,
+                         "seeds": seeds, "sd_difference": sd, "resolvable": delta, "tests": m,
+                         "units_needed": math.ceil(math.log2(2 * m / alpha))})
+    return pd.DataFrame(rows, columns=["principle", "composite", "units", "cells", "seeds", "sd_difference",
+                                       "resolvable", "tests", "units_needed"])
+
+
+def plot_critical_difference(result: FriedmanResult, path: Path, alpha: float = 0.05) -> Path:
+    """Demšar's critical-difference diagram of ``result``: mean ranks on the axis (1 = best, left), a bar
+    joining methods not significantly different (all of them when the Friedman test does not reject), and the
+    CD drawn above the axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import scikit_posthocs
+
+    significance = result.nemenyi.copy()
+    if not result.p_value < alpha:
+        significance.loc[:, :] = 1.0
+    k = len(result.methods)
+    figure, ax = plt.subplots(figsize=(9, 1.6 + 0.32 * k), layout="constrained")
+    scikit_posthocs.critical_difference_diagram(
+        result.mean_ranks, significance, ax=ax, alpha=alpha, cd=result.critical_difference,
+        label_fmt_left="{label} ({rank:.2f})", label_fmt_right="({rank:.2f}) {label}",
+        label_props={"fontsize": 9}, crossbar_props={"linewidth": 2.5},
+    )
+    verdict = "differences exist" if result.p_value < alpha else "no significant difference"
+    ax.set_title(f"{result.principle}: mean rank over {result.blocks} blocks (1 = best); bars join methods not "
+                 f"significantly different\nFriedman p = {result.p_value:.3g} ({verdict} at α = {alpha}); "
+                 f"Nemenyi CD = {result.critical_difference:.2f}", fontsize=9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=130)
+    plt.close(figure)
+    return path
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The tables behind the report's statistics (pandas frames; docs/statistics.md).
+
+    ``cells``: per composite, method, model, dataset: seeds, mean, std, low, high.
+    ``composites``: per composite and method: value, low, high, cells, seeds (fewest per cell).
+    ``pairs``: :func:`paired_tests`.  ``friedman``: per principle: methods, blocks, all_blocks, statistic,
+    p_value, critical_difference, best_group, note.  ``ranks``: per principle and method: mean_rank (Friedman
+    blocks) and in_best_group.  ``resolution``: :func:`resolvable_differences`."""
+
+    cells: pd.DataFrame
+    composites: pd.DataFrame
+    pairs: pd.DataFrame
+    friedman: pd.DataFrame
+    ranks: pd.DataFrame
+    resolution: pd.DataFrame
+    tests: dict[str, FriedmanResult]
+
+
+def compare(
+    metrics: pd.DataFrame, trials: pd.DataFrame, principle: str | None = None, alpha: float = 0.05,
+    interval: str = "t",
+) -> Comparison:
+    """Every table of the statistical comparison, for one ``principle`` or all (see :class:`Comparison`)."""
+    from analysis.intervals import cell_intervals, composite_interval
+
+    if principle is not None and principle not in PRINCIPLES:
+        raise ValueError(f"principle: unknown {principle!r}; allowed: {', '.join(PRINCIPLES)}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha: {alpha} is not in (0, 1)")
+    principles = [principle] if principle else list(PRINCIPLES)
+    wanted = {c for p in principles for c in PRINCIPLES[p]}
+    units = unit_values(metrics, trials)
+    units = units[units["composite"].isin(wanted)]
+    cells = cell_intervals(units, ["composite", "method", "model", "dataset"], alpha, interval) if not units.empty \
+        else pd.DataFrame(columns=["composite", "method", "model", "dataset", "seeds", "mean", "std", "low", "high"])
+    composite_rows = []
+    for (name, method), group in cells.groupby(["composite", "method"], sort=False):
+        value, low, high = composite_interval(group, alpha)
+        composite_rows.append({"composite": name, "method": method, "value": value, "low": low, "high": high,
+                               "cells": len(group), "seeds": int(group["seeds"].min())})
+    tests = {p: friedman_test(units, p, alpha) for p in principles if not principle_units(units, p).empty}
+    friedman = pd.DataFrame([
+        {"principle": p, "methods": len(r.methods), "blocks": r.blocks, "all_blocks": r.all_blocks,
+         "statistic": r.statistic, "p_value": r.p_value, "critical_difference": r.critical_difference,
+         "best_group": ", ".join(r.best_group), "note": r.note}
+        for p, r in tests.items()
+    ], columns=["principle", "methods", "blocks", "all_blocks", "statistic", "p_value", "critical_difference",
+                "best_group", "note"])
+    ranks = pd.DataFrame([
+        {"principle": p, "method": m, "mean_rank": r.mean_ranks.get(m, float("nan")), "in_best_group": m in r.best_group}
+        for p, r in tests.items() for m in r.methods
+    ], columns=["principle", "method", "mean_rank", "in_best_group"])
+    resolution = resolvable_differences(units, alpha)
+    return Comparison(cells, pd.DataFrame(composite_rows, columns=["composite", "method", "value", "low", "high",
+                                                                   "cells", "seeds"]),
+                      paired_tests(units, alpha, principles), friedman, ranks,
+                      resolution[resolution["principle"].isin(principles)].reset_index(drop=True), tests)
+
+
+def mean_rank_best_group(scores: pd.DataFrame, alpha: float = 0.05) -> pd.Series:
+    """Per method of the composite table ``scores``: whether its ``mean_rank`` is not significantly different
+    from the best one's.  The principles are the blocks (each ranks the methods by ``rank_P``, as the equal
+    weights of ``mean_rank`` do): Friedman over the methods with every principle, then Nemenyi from the best
+    (Demšar 2006).  All such methods are in the group when the Friedman test does not reject; a method
+    lacking a principle is left out (NaN)."""
+    import scikit_posthocs
+
+    columns = [c for c in scores.columns if c.startswith("rank_")]
+    table = scores[columns].dropna()
+    group = pd.Series(np.nan, index=scores.index, dtype=object)
+    if len(table) < 3 or len(columns) < 2:
+        group[table.index] = True
+        return group
+    blocks = table.T  # principles × methods, lower is better
+    within = blocks.rank(axis=1, method="average")
+    mean_ranks = within.mean().sort_values()
+    best = mean_ranks.index[0]
+    rejects = False
+    if not (blocks.nunique(axis=1) == 1).all():
+        rejects = stats.friedmanchisquare(*[blocks[m].to_numpy() for m in blocks.columns]).pvalue < alpha
+    nemenyi = scikit_posthocs.posthoc_nemenyi_friedman(blocks.to_numpy())
+    nemenyi.index = nemenyi.columns = blocks.columns
+    for method in table.index:
+        group[method] = bool(not rejects or method == best or nemenyi.loc[best, method] >= alpha)
+    return group
+
+
+def ranked_composites(
+    metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float = 0.05, interval: str = "t"
+) -> pd.DataFrame:
+    """:func:`analysis.composites.composite_scores` with ``best_group`` after ``mean_rank``
+    (:func:`mean_rank_best_group`): the composite table of the report and of ``ursa_ray.load(...).composites``."""
+    from analysis.composites import composite_scores
+
+    scores = composite_scores(metrics, trials, alpha, interval)
+    if scores.empty or "mean_rank" not in scores:
+        return scores
+    scores.insert(scores.columns.get_loc("mean_rank") + 1, "best_group", mean_rank_best_group(scores, alpha))
+    return scores
+
+
+def _number(value: float) -> str:
+    from analysis.tables import format_number
+
+    return format_number(float(value), 3)
+
+
+def _ordering(row: pd.Series) -> str:
+    loser = row["method_b"] if row["better"] == row["method_a"] else row["method_a"]
+    interval = ("" if np.isnan(row["difference_low"]) else
+                f" [{_number(row['difference_low'])}, {_number(row['difference_high'])}]")
+    return (f"{row['better']} better than {loser} on {row['composite']} (median {row['method_a']} − "
+            f"{row['method_b']} = {_number(row['median_difference'])}{interval}, {row['units']} units, "
+            f"Holm p = {row['p_holm']:.3g})")
+
+
+def resolution_text(row: pd.Series, alpha: float) -> str:
+    """One sentence: how many units a comparison of ``row``'s composite has and what they can resolve."""
+    seeds_needed = math.ceil(row["units_needed"] / max(row["cells"], 1))
+    cells = f"{row['cells']} cell{'s' if row['cells'] != 1 else ''}"
+    text = (f"{row['composite']}: {row['units']} units per pair ({cells} × {row['seeds']} seeds); "
+            f"an exact Wilcoxon test over n units cannot give p below 2/2ⁿ, so passing Holm's first step "
+            f"(α/m = {alpha}/{row['tests']}) takes ≥ {row['units_needed']} units (≥ {seeds_needed} seeds on {cells})")
+    if row["sd_difference"] == 0:
+        text += "; the paired differences do not vary over seeds (a deterministic quantity), so any difference is real"
+    elif np.isfinite(row["resolvable"]):
+        text += (f"; at the observed spread (SD of paired differences {_number(row['sd_difference'])}), "
+                 f"differences below {_number(row['resolvable'])} in {row['composite']} are not resolvable with "
+                 f"{row['units']} units (80% power, paired t approximation)")
+    return text + "."
+
+
+def statistics_markdown(
+    metrics: pd.DataFrame, trials: pd.DataFrame, figures_dir: Path, alpha: float = 0.05, interval: str = "t"
+) -> tuple[str, list[Path]]:
+    """The report's section on which differences are real: a summary stating only the orderings that survive
+    Holm's correction, then per principle the Friedman test, its critical-difference diagram
+    (``figures_dir/cd_<principle>.png``), the significant pairs and what the seeds can resolve."""
+    from analysis.tables import markdown_table
+
+    comparison = compare(metrics, trials, alpha=alpha, interval=interval)
+    pairs = comparison.pairs
+    significant = pairs[pairs["better"] != "tie"]
+    out = [f"Units are (model, dataset, seed): methods of one seed share its data, splits and streams, so "
+           f"comparisons are paired; nothing missing is imputed (docs/statistics.md). α = {alpha}.", "",
+           "**Summary.** "]
+    if significant.empty:
+        out[-1] += (f"No ordering survives Holm's correction: all {len(pairs)} pairwise comparisons are ties at "
+                    "these seeds (see how many seeds each principle needs below).")
+    else:
+        out[-1] += (f"{len(significant)} of {len(pairs)} pairwise orderings survive Holm's correction (Wilcoxon "
+                    "signed-rank, corrected within each principle); every other pair is a tie:")
+        out += [""] + [f"- {row['principle']}: {_ordering(row)}" for _, row in significant.iterrows()]
+    figures = []
+    for principle, result in comparison.tests.items():
+        out += ["", f"### {principle}", ""]
+        if result.note:
+            out.append(f"Friedman test: not run ({result.note}).")
+        else:
+            if not result.p_value < alpha:
+                verdict = "no significant difference among the methods: all are tied"
+            elif len(result.best_group) == len(result.methods):
+                verdict = ("the test rejects, but Nemenyi's post-hoc separates no method from the best: all are in "
+                           "the best group")
+            else:
+                verdict = (f"the methods differ; best group (not significantly different from the best by "
+                           f"Nemenyi): {', '.join(result.best_group)}")
+            if result.blocks < 10:
+                verdict += (f" (only {result.blocks} blocks: the χ² approximation of the Friedman p-value is rough "
+                            "below about 10)")
+            out.append(f"Friedman test over {result.blocks} of {result.all_blocks} blocks (the units every one of "
+                       f"the {len(result.methods)} methods completed): χ² = {result.statistic:.3g}, p = "
+                       f"{result.p_value:.3g}; {verdict}. Nemenyi critical difference {result.critical_difference:.2f} ranks.")
+            path = plot_critical_difference(result, figures_dir / f"cd_{principle}.png", alpha)
+            figures.append(path)
+            out += ["", f"![cd_{principle}](figures/{path.name})"]
+        these = pairs[pairs["principle"] == principle]
+        if not these.empty:
+            wins = these[these["better"] != "tie"]
+            out += ["", f"Paired Wilcoxon tests, Holm over the principle's {len(these)} tests: {len(wins)} "
+                        f"significant; units per pair {these['units'].min()}–{these['units'].max()}."]
+            if not wins.empty:
+                shown = wins[["composite", "better", "method_a", "method_b", "units", "median_difference",
+                              "difference_low", "difference_high", "p_holm"]]
+                out += ["", markdown_table(shown, index=False)]
+        resolution = comparison.resolution[comparison.resolution["principle"] == principle]
+        out += ["", "How many seeds: " + " ".join(resolution_text(r, alpha) for _, r in resolution.iterrows())]
+    return "\n".join(out), figures

@@ -1,0 +1,288 @@
+"""Intervals, paired tests, Friedman/Nemenyi and the report's verdict (analysis/intervals.py, analysis/statistics.py).
+
+Results directories are written through the real results writer (:class:`ursa_ray.results.ResultsDirectory`)
+and read back with ``ursa_ray.load``; the many-simulation rates (false positives, coverage) run the same
+functions on in-memory unit tables, after a test shows a written directory gives the same tables."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+import ursa_ray
+from analysis.intervals import composite_interval, mean_interval, wilson_interval
+from analysis.statistics import (
+    compare,
+    friedman_test,
+    holm,
+    median_interval,
+    nemenyi_critical_difference,
+    paired_tests,
+)
+from ursa_ray.results import ResultsDirectory
+
+SIMULATIONS = 300
+
+
+def write_results(path, values: dict, failed: frozenset = frozenset()) -> None:
+    """One final classification trial per (method, model, dataset, seed) key of ``values`` (a dict metric:
+    value on the test set), written through the results writer; keys in ``failed`` are failed trials."""
+    results = ResultsDirectory(path)
+    for (method, model, dataset, seed), metrics in values.items():
+        trial_id = f"{method}-{model}-{dataset}-{seed}"
+        status = "failed" if (method, model, dataset, seed) in failed else "ok"
+        record = {"trial_id": trial_id, "phase": "final", "cell": f"{method}/{model}/{dataset}", "method": method,
+                  "method_name": method, "model": model, "dataset": dataset, "task": "classification",
+                  "decision_task": False, "seed": seed, "status": status, "reserved_cpu_s": 1.0,
+                  "reserved_gpu_s": 0.0, "finished_at": float(seed), "selection": ""}
+        rows = [] if status == "failed" else [
+            {"trial_id": trial_id, "method": method, "model": model, "dataset": dataset, "seed": seed,
+             "phase": "final", "eval_set": "test", "metric": metric, "value": value}
+            for metric, value in metrics.items()
+        ]
+        results.add(record, rows)
+
+
+def simulated_values(rng, shifts: dict[str, float], cells=(("mlp", "digits"), ("mlp", "wine")), seeds=6) -> dict:
+    """Accuracy and NLL of each method: a cell effect, a seed effect shared by the methods of a seed (the
+    pairing), the method's shift and independent noise (σ = 0.01)."""
+    values = {}
+    for model, dataset in cells:
+        cell = rng.normal(0.9, 0.03)
+        for seed in range(seeds):
+            shared = rng.normal(0.0, 0.02)
+            for method, shift in shifts.items():
+                accuracy = cell + shared + shift + rng.normal(0.0, 0.01)
+                values[(method, model, dataset, seed)] = {"accuracy": accuracy, "nll": 1.0 - accuracy}
+    return values
+
+
+def units_frame(values: dict) -> pd.DataFrame:
+    """The unit table :func:`analysis.composites.unit_values` gives for ``values`` (test-set metrics only)."""
+    rows = [{"composite": metric, "method": m, "model": model, "dataset": d, "seed": s, "value": v}
+            for (m, model, d, s), metrics in values.items() for metric, v in metrics.items()]
+    return pd.DataFrame(rows)
+
+
+def test_a_written_directory_gives_the_tables_of_its_units(tmp_path):
+    values = simulated_values(np.random.default_rng(0), {"a": 0.0, "b": 0.0, "c": 0.0})
+    write_results(tmp_path, values)
+    loaded = ursa_ray.load(tmp_path).compare(principle="uncertainty")
+    direct = paired_tests(units_frame(values), principles=["uncertainty"])
+    pd.testing.assert_frame_equal(loaded.pairs.drop(columns="composite"), direct.drop(columns="composite"))
+
+
+def test_a_clear_shift_is_significant_in_the_right_direction_and_stated(tmp_path):
+    """b is 0.02 more accurate on every unit (2σ of the noise): b beats a on accuracy (higher is better) and on
+    NLL (lower is better); an orientation that ignored the direction would name a for NLL."""
+    write_results(tmp_path, simulated_values(np.random.default_rng(1), {"a": 0.0, "b": 0.02, "c": 0.0}))
+    results = ursa_ray.load(tmp_path)
+    pairs = results.compare().pairs.set_index(["composite", "method_a", "method_b"])
+    assert pairs.loc[("accuracy", "a", "b"), "better"] == "b"
+    assert pairs.loc[("nll", "a", "b"), "better"] == "b"
+    assert pairs.loc[("accuracy", "a", "b"), "units"] == 12
+    assert pairs.loc[("accuracy", "a", "b"), "median_difference"] < 0
+    assert pairs.loc[("accuracy", "a", "b"), "difference_high"] < 0  # the interval excludes 0
+    assert (pairs.loc["accuracy", "p_holm"] >= pairs.loc["accuracy", "p_value"]).all()
+    from analysis.report import write_report
+
+    write_report(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    summary = report.split("**Summary.**")[1].split("\n### ")[0]
+    assert "b better than a on accuracy" in summary and "b better than a on nll" in summary
+    assert "than b" not in summary  # no ordering against the best one is stated
+    assert (tmp_path / "figures" / "cd_accuracy.png").read_bytes().startswith(b"\x89PNG")
+    assert "![cd_accuracy](figures/cd_accuracy.png)" in report
+
+
+def test_same_distribution_methods_are_tied_at_the_stated_rate():
+    """Three methods drawn from one distribution on 12 paired units, 300 simulated benchmarks: the share of
+    benchmarks stating any ordering (family-wise, Holm over the three pairs) stays within the binomial bound
+    for α = 0.05; without Holm's correction it is about 0.12 and exceeds it.  Each pair alone rejects at a
+    rate near α (the exact test's attainable level at n = 12 is below α, so the lower bound uses α/2)."""
+    rng = np.random.default_rng(2)
+    any_ordering = raw_rejections = 0
+    for _ in range(SIMULATIONS):
+        pairs = paired_tests(units_frame(simulated_values(rng, {"a": 0.0, "b": 0.0, "c": 0.0})), 0.05, ["accuracy"])
+        any_ordering += bool((pairs["better"] != "tie").any())
+        raw_rejections += int((pairs["p_value"] < 0.05).sum())
+    assert any_ordering <= stats.binom.ppf(0.999, SIMULATIONS, 0.05)
+    assert stats.binom.ppf(0.001, 3 * SIMULATIONS, 0.025) <= raw_rejections <= stats.binom.ppf(0.999, 3 * SIMULATIONS, 0.05)
+
+
+def test_t_interval_covers_the_true_mean_at_its_level():
+    """5 seeds, 2,000 simulations: coverage within the binomial band around 0.95 (a normal quantile instead
+    of Student's t covers about 0.88)."""
+    rng = np.random.default_rng(3)
+    n = 2000
+    covered = 0
+    for _ in range(n):
+        _, low, high = mean_interval(rng.normal(1.0, 0.1, size=5))
+        covered += low <= 1.0 <= high
+    assert stats.binom.ppf(0.0005, n, 0.95) <= covered <= stats.binom.ppf(0.9995, n, 0.95)
+
+
+def test_composite_interval_propagates_cells_and_covers_the_composite_mean():
+    """Three cells with different spreads and seed counts: the Welch–Satterthwaite interval of the mean of
+    the cell means covers the mean of the true cell means at close to 95%."""
+    rng = np.random.default_rng(4)
+    truth, spread, seeds = np.array([0.9, 0.8, 0.7]), np.array([0.01, 0.05, 0.02]), np.array([3, 5, 8])
+    n = 2000
+    covered = 0
+    for _ in range(n):
+        draws = [rng.normal(t, s, size=k) for t, s, k in zip(truth, spread, seeds)]
+        cells = pd.DataFrame({"mean": [d.mean() for d in draws], "std": [d.std(ddof=1) for d in draws],
+                              "seeds": seeds})
+        _, low, high = composite_interval(cells)
+        covered += low <= truth.mean() <= high
+    assert 0.93 * n <= covered <= 0.97 * n
+
+
+def test_one_seed_gives_no_interval_and_says_why(tmp_path):
+    values = {("a", "mlp", "digits", 0): {"accuracy": 0.9}, ("b", "mlp", "digits", 0): {"accuracy": 0.8},
+              ("a", "mlp", "wine", 0): {"accuracy": 0.9}, ("a", "mlp", "wine", 1): {"accuracy": 0.92},
+              ("a", "mlp", "wine", 2): {"accuracy": 0.94}}
+    write_results(tmp_path, values)
+    cells = ursa_ray.load(tmp_path).compare().cells.set_index(["method", "dataset"])
+    assert np.isnan(cells.loc[("a", "digits"), "low"]) and cells.loc[("a", "digits"), "seeds"] == 1
+    half = stats.t.ppf(0.975, 2) * 0.02 / math.sqrt(3)
+    assert cells.loc[("a", "wine"), "low"] == pytest.approx(0.92 - half)
+    assert cells.loc[("a", "wine"), "high"] == pytest.approx(0.92 + half)
+    from analysis.report import write_report
+
+    write_report(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "0.900 ± 0.000 (1 seed: no interval)" in report  # the per-cell table
+    assert "0.910 (1 seed: no interval)" in report  # the composite over a one-seed cell and a three-seed one
+
+
+def test_a_method_missing_a_cell_is_compared_on_shared_units_only(tmp_path):
+    """c's trials on ``wine`` failed: its pairs use the 6 ``digits`` units (nothing imputed), a-b all 12, and
+    the Friedman test uses the 6 blocks every method completed."""
+    values = simulated_values(np.random.default_rng(5), {"a": 0.0, "b": 0.0, "c": 0.0})
+    failed = frozenset(k for k in values if k[0] == "c" and k[2] == "wine")
+    write_results(tmp_path, values, failed)
+    comparison = ursa_ray.load(tmp_path).compare(principle="accuracy")
+    units = comparison.pairs.set_index(["method_a", "method_b"])["units"].to_dict()
+    assert units == {("a", "b"): 12, ("a", "c"): 6, ("b", "c"): 6}
+    friedman = comparison.friedman.set_index("principle")
+    assert friedman.loc["accuracy", "blocks"] == 6 and friedman.loc["accuracy", "all_blocks"] == 12
+    from analysis.report import write_report
+
+    write_report(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "units per pair 6–12" in report and "over 6 of 12 blocks" in report
+
+
+# Demšar (2006), Table 6: AUC of C4.5, C4.5+m, C4.5+cf, C4.5+m+cf on 14 data sets.  The paper's ranks break
+# the printed tie on ``voting`` (0.975, 0.975) in favour of C4.5+cf, as its average ranks show; so does 0.97501.
+DEMSAR_AUC = np.array([
+    [0.763, 0.768, 0.771, 0.798], [0.599, 0.591, 0.590, 0.569], [0.954, 0.971, 0.968, 0.967],
+    [0.628, 0.661, 0.654, 0.657], [0.882, 0.888, 0.886, 0.898], [0.936, 0.931, 0.916, 0.931],
+    [0.661, 0.668, 0.609, 0.685], [0.583, 0.583, 0.563, 0.625], [0.775, 0.838, 0.866, 0.875],
+    [1.000, 1.000, 1.000, 1.000], [0.940, 0.962, 0.965, 0.962], [0.619, 0.666, 0.614, 0.669],
+    [0.972, 0.981, 0.97501, 0.975], [0.957, 0.978, 0.946, 0.970],
+])
+DEMSAR_METHODS = ["C4.5", "C4.5+m", "C4.5+cf", "C4.5+m+cf"]
+
+
+def _demsar_units() -> pd.DataFrame:
+    return pd.DataFrame([
+        {"composite": "accuracy", "method": m, "model": "tree", "dataset": f"set{i}", "seed": 0, "value": v}
+        for i, row in enumerate(DEMSAR_AUC) for m, v in zip(DEMSAR_METHODS, row)
+    ])
+
+
+def test_friedman_and_nemenyi_reproduce_demsar_2006_worked_example():
+    """Average ranks 3.143, 2.000, 2.893, 1.964; χ²_F = 9.28 by the paper's formula (scipy's statistic is
+    tie-corrected: times the correction factor it gives 9.28); CD = 1.25 at α = 0.05 (q = 2.569) and 1.12 at
+    α = 0.10 (q = 2.291).  At 0.05 Nemenyi separates no method from the best; at 0.10 C4.5 is worse than
+    C4.5+m+cf (1.18 > 1.12), as the paper concludes."""
+    result = friedman_test(_demsar_units(), "accuracy", alpha=0.05)
+    assert result.mean_ranks[DEMSAR_METHODS].round(3).tolist() == [3.143, 2.000, 2.893, 1.964]
+    ties = sum(t**3 - t for row in DEMSAR_AUC for t in np.unique(row, return_counts=True)[1])
+    correction = 1 - ties / (14 * 4 * (4**2 - 1))
+    assert result.statistic * correction == pytest.approx(9.28, abs=0.005)
+    assert result.p_value < 0.05
+    assert nemenyi_critical_difference(4, 14, 0.05) == pytest.approx(1.25, abs=0.005)
+    assert nemenyi_critical_difference(4, 14, 0.10) == pytest.approx(1.12, abs=0.005)
+    assert result.critical_difference == pytest.approx(1.25, abs=0.005)
+    assert sorted(result.best_group) == sorted(DEMSAR_METHODS)
+    at_ten = friedman_test(_demsar_units(), "accuracy", alpha=0.10)
+    assert sorted(at_ten.best_group) == ["C4.5+cf", "C4.5+m", "C4.5+m+cf"]
+
+
+def test_holm_matches_the_step_down_rule_on_demsar_comparisons_with_a_control():
+    """Demšar's Holm example (Section 3.2.2): C4.5+m+cf as control, z = (R_i − R_c)/√(k(k+1)/6N).  Holm
+    multiplies the i-th smallest of m p-values by (m − i + 1) and keeps the running maximum; Bonferroni
+    (3 p everywhere) or no correction would differ."""
+    se = math.sqrt(4 * 5 / (6 * 14))
+    p = 2 * stats.norm.sf(np.array([3.143 - 1.964, 2.893 - 1.964, 2.000 - 1.964]) / se)
+    expected = [3 * p[0], max(3 * p[0], 2 * p[1]), max(3 * p[0], 2 * p[1], p[2])]
+    assert holm(p[[2, 0, 1]]).tolist() == pytest.approx([expected[2], expected[0], expected[1]])
+    assert holm(p)[0] < 0.05 < holm(p)[1]  # only C4.5 is worse than the control at α = 0.05
+
+
+def test_holm_equals_statsmodels_and_leaves_missing_p_values_out():
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.random.default_rng(6).uniform(0, 0.2, size=12)
+    assert holm(p) == pytest.approx(multipletests(p, method="holm")[1])
+    with_missing = holm(np.array([0.01, np.nan, 0.04]))
+    assert np.isnan(with_missing[1]) and with_missing[[0, 2]] == pytest.approx([0.02, 0.04])
+
+
+@pytest.mark.parametrize("n", [5, 6, 9, 17, 30])
+def test_median_interval_is_scipys_order_statistic_interval(n):
+    d = np.random.default_rng(n).normal(size=n)
+    low, high = median_interval(d, 0.05)
+    interval = stats.quantile_test(d, q=0.0, p=0.5).confidence_interval(0.95)
+    if n < 6:
+        assert np.isnan(low) and np.isnan(high)
+    else:
+        assert (low, high) == (interval.low, interval.high)
+
+
+def test_wilson_interval_equals_the_score_formula():
+    z = stats.norm.ppf(0.975)
+    for count, total in ((0, 10), (7, 10), (19, 20)):
+        p = count / total
+        centre = (p + z**2 / (2 * total)) / (1 + z**2 / total)
+        half = z / (1 + z**2 / total) * math.sqrt(p * (1 - p) / total + z**2 / (4 * total**2))
+        low, high = wilson_interval(np.array([count]), np.array([total]))
+        assert (low[0], high[0]) == pytest.approx((centre - half, centre + half))
+
+
+def test_regression_coverage_gets_a_wilson_interval_over_repetitions():
+    from analysis.coverage import coverage_table
+
+    # one test point, 4 repetitions, covered in 2 (|mean − truth| ≤ 1.96 std)
+    points = pd.DataFrame({"method": "m", "model": "mlp", "experiment": "e1", "complexity": 1.0,
+                           "repetition": range(4), "point_id": 0, "in_distribution": True, "truth": 0.0,
+                           "mean": [0.1, 0.3, 0.0, 0.5], "std": [0.1, 0.1, 0.2, 0.2]})
+    row = coverage_table(points).iloc[0]
+    low, high = wilson_interval(np.array([2]), np.array([4]))
+    assert row["coverage"] == 0.5 and (row["coverage_low"], row["coverage_high"]) == pytest.approx((low[0], high[0]))
+
+
+def test_compare_rejects_an_unknown_principle_and_a_bad_alpha():
+    units = _demsar_units()
+    metrics = units.assign(trial_id="x", phase="final", eval_set="test", metric="accuracy")
+    with pytest.raises(ValueError, match="principle: unknown 'speed'; allowed: accuracy"):
+        compare(metrics, pd.DataFrame(), principle="speed")
+    with pytest.raises(ValueError, match="alpha"):
+        compare(metrics, pd.DataFrame(), alpha=1.5)
+
+
+def test_report_alpha_out_of_range_is_one_line_and_writes_nothing(tmp_path, capsys):
+    from ursa_ray.cli import main
+
+    write_results(tmp_path, {("a", "mlp", "digits", 0): {"accuracy": 0.9}})
+    assert main(["report", str(tmp_path), "--alpha", "1.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --alpha 1.5: must be between 0 and 1 (exclusive), e.g. 0.05"]
+    assert not (tmp_path / "report.md").exists()
