@@ -22,7 +22,7 @@ OOD sets (Stadler et al. 2021, "Graph posterior network", leave-out-classes and 
 between two nodes of one class with probability ``p_in`` and of two classes with ``p_out``, features
 x_i = μ_{y_i} + ε, ε ~ N(0, I), class means μ_k drawn N(0, ``separation``² / d · I).  The graph and the
 split come from ``graph_seed`` (the same for every trial): 20 training nodes per kept class and 500 test
-nodes, as in Planetoid.
+nodes (all the others on a smaller graph), as in Planetoid.
 
 Planetoid files, ``DATA_ROOT/planetoid/NAME.npz`` (NAME: cora, citeseer, pubmed): ``features`` (n, d)
 numbers, ``labels`` (n,) integers 0..K−1, ``edges`` (2, E) integers (both directions of an undirected
@@ -134,7 +134,8 @@ def graph_dataset(
 
 
 def planetoid_split(labels: np.ndarray, kept: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Planetoid's split: 20 random training nodes per kept class, then 500 random test nodes of the rest."""
+    """Planetoid's split: 20 random training nodes per kept class, then 500 random test nodes of the rest (all of
+    them on a smaller graph)."""
     train = np.concatenate([rng.permutation(np.flatnonzero(labels == k))[:TRAIN_PER_CLASS] for k in range(kept)])
     rest = rng.permutation(np.setdiff1d(np.arange(len(labels)), train))
     return np.sort(train), np.sort(rest[:N_TEST])
@@ -157,8 +158,8 @@ def csbm(
 def load_csbm(options: Mapping[str, Any], ood_names: tuple[str, ...], root: Path, download: bool, seed: int) -> Dataset:
     """``csbm`` with its options (the graph and split fixed by ``graph_seed``, whatever the trial's seed)."""
     o = {h.name: h.default for h in CSBM_OPTIONS} | dict(options)
-    if o["n_nodes"] < o["n_classes"] * TRAIN_PER_CLASS + N_TEST:
-        raise ValueError(f"csbm: n_nodes must be at least {o['n_classes'] * TRAIN_PER_CLASS + N_TEST} (20 training nodes a class and 500 test nodes)")
+    if o["n_nodes"] < 2 * o["n_classes"] * TRAIN_PER_CLASS:
+        raise ValueError(f"csbm: n_nodes must be at least {2 * o['n_classes'] * TRAIN_PER_CLASS} (20 training nodes a class, as many to test)")
     features, labels, edges = csbm(
         o["n_nodes"], o["n_classes"], o["n_features"], o["p_in"], o["p_out"], o["separation"], o["graph_seed"]
     )
