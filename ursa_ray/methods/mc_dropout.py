@@ -2,7 +2,9 @@
 
 Each posterior sample is one pass with fresh Bernoulli(1 − p) masks; p(y|x) ≈ (1/S) Σ_s softmax f(x; θ ⊙ m_s).
 The network's ``nn.Dropout`` modules (every model of ursa-ray has them, with p = 0 unless a method
-sets it) get rate ``p``; batch-norm layers stay in evaluation mode while sampling.
+sets it) get rate ``p``; batch-norm layers stay in evaluation mode while sampling.  On ``lstm`` and ``gru``
+the slots sit on each cell's input and recurrent state and draw one mask per sequence, applied at every time
+step (variational RNN dropout, Gal & Ghahramani 2016; :mod:`ursa_ray.models.rnn`).
 """
 
 from __future__ import annotations

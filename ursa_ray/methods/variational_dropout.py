@@ -13,7 +13,8 @@ of the KL to the log-uniform prior,
     k₁ = 0.63576, k₂ = 1.87320, k₃ = 1.48695,
 
 with β ramped linearly from 0 to ``kl_weight`` over the first ``kl_warmup`` share of training.  Posterior
-samples are stochastic forward passes (fresh noise for every call).
+samples are stochastic forward passes (fresh noise for every call).  A recurrent model applies its Linear maps
+once per time step, so its recurrent weights get fresh noise at every step (docs/models.md).
 """
 
 from __future__ import annotations
