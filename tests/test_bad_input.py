@@ -119,6 +119,8 @@ GRID_FILES: dict[str, tuple[Callable[[], str | bytes], str, str]] = {
         "line ", "key 'epochs' appears twice",
     ),
     "yaml alias bomb": (_bomb, "line ", f"expands to more than {MAX_YAML_NODES:,} values through its aliases"),
+    "nested too deeply": (lambda: grid_text() + "description: " + "[" * 5000 + "]" * 5000 + "\n", "YAML: ",
+                          "nested too deeply to read"),
     "not utf-8": (lambda: grid_text().encode() + "description: café\n".encode("latin-1"), "byte ", "not UTF-8 text"),
     "name escapes results/": (lambda: grid_text(name="../../x"), "name: ", "the name is the folder results/<name>"),
     "name with a separator": (lambda: grid_text(name="a/b"), "name: ", "starting with a letter or digit"),

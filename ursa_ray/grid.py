@@ -891,7 +891,7 @@ def _check_file_dataset(grid: Grid, index: int, entry: DatasetEntry) -> None:
     try:
         ds = data.dataset_spec(entry.name, entry.file).load({}, entry.ood, Path(), False, 0)
     except FileDatasetError as exc:
-        raise GridError(f"{grid.path}: {where}.{exc.field}: {exc}") from None
+        raise GridError(f"{grid.path}: {'.'.join(filter(None, (where, exc.field)))}: {exc}") from None
     if ds.task == "classification" and ds.pixel_mean is not None:
         try:
             AdversarialSettings(**grid.adversarial).epsilons_for(entry.name)
