@@ -18,10 +18,11 @@ Aggregates over the in-distribution and the out-of-distribution test points (:fu
 first average each repetition over the region's points and then take mean and standard error over the
 repetitions (SE = sd_r / √k for all three quantities, since points within a repetition are correlated).
 
-Intervals (``*_low``, ``*_high``, level 1 − α, α = 0.05 unless given): a test point's coverage is a
-proportion of k repetitions, so it gets Wilson's score interval (:func:`analysis.intervals.wilson_interval`);
-deviation and uncertainty, and every region average (a mean over repetitions of per-repetition means), get
-Student's t interval mean ± t_{1−α/2, k−1} · SE.
+Intervals (``*_low``, ``*_high``, level 1 − α, α = 0.05 unless given): coverage is a proportion over the k
+repetitions, so it gets Wilson's score interval (:func:`analysis.intervals.wilson_interval`) with n = k: a
+test point's coverage is c of k covered; a region's is the mean of k per-repetition shares c_r ∈ [0, 1],
+whose variance is at most μ(1 − μ), so Wilson with n = k is a conservative interval inside [0, 1].
+Deviation and uncertainty get Student's t interval mean ± t_{1−α/2, k−1} · SE over the repetitions.
 """
 
 from __future__ import annotations
@@ -124,8 +125,8 @@ def coverage_table(points: pd.DataFrame, anchor: str = ANCHOR, alpha: float = 0.
 
 def coverage_summary(points: pd.DataFrame, anchor: str = ANCHOR, alpha: float = 0.05) -> pd.DataFrame:
     """Per method, model, experiment, complexity and region (in_distribution True / False): k repetitions,
-    n_points, deviation, uncertainty and coverage with standard errors and 1 − ``alpha`` t intervals over
-    repetitions, the mean over the region's points of the uncertainty ratio to the anchor, and the share of
+    n_points, deviation, uncertainty and coverage with standard errors and 1 − ``alpha`` intervals over
+    repetitions (t; Wilson for coverage), the mean over the region's points of the uncertainty ratio to the anchor, and the share of
     points below the anchor."""
     df = _with_indicators(points)
     region = CELL + ["in_distribution"]
@@ -143,7 +144,11 @@ def coverage_summary(points: pd.DataFrame, anchor: str = ANCHOR, alpha: float = 
         coverage=("coverage", "mean"),
         **_se("coverage"),
     ).reset_index()
-    summary = _t_intervals(_finish_se(summary), ("deviation", "uncertainty", "coverage"), alpha)
+    from analysis.intervals import wilson_interval
+
+    summary = _t_intervals(_finish_se(summary), ("deviation", "uncertainty"), alpha)
+    summary["coverage_low"], summary["coverage_high"] = wilson_interval(
+        summary["coverage"] * summary["k"], summary["k"], alpha)
     table = coverage_table(points, anchor)
     ratios = table.groupby(region, as_index=False).agg(
         uncertainty_ratio=("uncertainty_ratio", "mean"), share_below_anchor=("below_anchor", "mean")
@@ -223,7 +228,7 @@ def regression_markdown(points: pd.DataFrame, anchor: str = ANCHOR, alpha: float
     out = [
         f"Deviation |mean − truth|, uncertainty (std) and coverage (share of repetitions with "
         f"|mean − truth| ≤ {Z}·std; ideal 0.95) as mean [{1 - alpha:.0%} interval] over the k repetitions: "
-        f"Wilson's interval for a test point's coverage (a proportion of k), Student's t otherwise. "
+        f"Wilson's interval with n = k for coverage (a proportion), Student's t otherwise. "
         f"`ratio` is the uncertainty divided by the anchor's ({anchor}); `below` flags an uncertainty below "
         f"the anchor's (then the prediction is biased or the uncertainty too small)."
     ]

@@ -286,3 +286,17 @@ def test_report_alpha_out_of_range_is_one_line_and_writes_nothing(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --alpha 1.5: must be between 0 and 1 (exclusive), e.g. 0.05"]
     assert not (tmp_path / "report.md").exists()
+
+
+def test_region_coverage_gets_a_wilson_interval_with_n_the_repetitions():
+    """Region coverage per repetition 1/2 and 2/2: Wilson at 1.5 of 2 (a t interval over two repetitions,
+    0.75 ± 12.7 · 0.25, would leave [0, 1])."""
+    from analysis.coverage import coverage_summary
+
+    points = pd.DataFrame({"method": "m", "model": "mlp", "experiment": "e1", "complexity": 1.0,
+                           "repetition": [0, 0, 1, 1], "point_id": [0, 1, 0, 1], "in_distribution": True,
+                           "truth": 0.0, "mean": [0.1, 0.5, 0.1, 0.1], "std": [0.1, 0.1, 0.1, 0.1]})
+    row = coverage_summary(points).iloc[0]
+    low, high = wilson_interval(np.array([1.5]), np.array([2]))
+    assert row["coverage"] == 0.75 and (row["coverage_low"], row["coverage_high"]) == pytest.approx((low[0], high[0]))
+    assert 0 <= row["coverage_low"] <= row["coverage_high"] <= 1
