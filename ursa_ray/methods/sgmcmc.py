@@ -443,7 +443,8 @@ class LangevinCopies:
     """:class:`LangevinChain` for C copies trained as one batched computation
     (:class:`~ursa_ray.methods.batched.StackedNetworks`): one forward and backward pass of all copies, then
     each copy's update on its own row of θ with its own noise stream (:class:`GaussianNoise` keyed from the
-    copy's generator, before its first mini-batch, as a single chain keys it)."""
+    copy's generator, before its first mini-batch, as a single chain keys it).  The forward pass runs in
+    ``problem.training_precision``, as :class:`LangevinChain`'s."""
 
     def __init__(
         self,
@@ -463,6 +464,7 @@ class LangevinCopies:
         self.decay = 1.0 / (self.n_train * config["prior_std"] ** 2)
         self.temperature = config["temperature"]
         self.nll = batched_nll(problem.likelihood)
+        self.device, self.precision = problem.device, problem.training_precision
 
     def step(self, xb: Tensor, yb: Tensor, lr: float, noisy: bool = True) -> Tensor:
         """One update of every copy on its own mini-batch (``xb`` (C, B, ...), ``yb`` (C, B)); returns the
@@ -471,7 +473,8 @@ class LangevinCopies:
         sigma = langevin_noise_std(lr / self.n_train, self.temperature, self.alpha) if noisy else 0.0
         stacked.zero_grad()
         with torch.enable_grad():
-            losses = self.nll(stacked(xb), yb)
+            with autocast_body(self.device, self.precision):
+                losses = self.nll(stacked(xb).float(), yb)
             losses.sum().backward()
         theta, grad, velocity = stacked.theta, stacked.theta.grad, self.velocity
         with torch.no_grad():

@@ -360,10 +360,14 @@ def fit_swa_copies(
         [theta], lr=config["swa_lr"], momentum=config["momentum"], weight_decay=config["weight_decay"], fused=True
     )
     nll = batched_nll(problems[0].likelihood)
+    device, precision = problems[0].device, problems[0].training_precision
+
+    def loss_at(xb: Tensor, yb: Tensor) -> Tensor:
+        with autocast_body(device, precision):
+            return nll(stacked(xb).float(), yb).sum()
+
     stacked.train()
-    step, _ = collection_phase(
-        data.minibatches, lambda xb, yb: nll(stacked(xb), yb).sum(), optimiser, stacked.zero_grad, config, collect
-    )
+    step, _ = collection_phase(data.minibatches, loss_at, optimiser, stacked.zero_grad, config, collect)
     stacked.train(False)
     for one, copy_moments in zip(stats, moments, strict=True):
         one["grad_evals"] = one.get("grad_evals", 0.0) + steps + step
