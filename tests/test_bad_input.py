@@ -188,6 +188,15 @@ def _write_png_folder(root: Path, corrupt: bool) -> None:
         (root / "train" / "a" / "0.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
 
 
+def _id_column_as_label(folder: Path) -> None:
+    """A Parquet table whose label is a row id (10^12 and up)."""
+    arrays = tabular()
+    frame = pd.DataFrame(np.vstack([arrays["x_train"], arrays["x_test"]]), columns=["a", "b", "c"])
+    frame["row_id"] = 10**12 + np.arange(N_TRAIN + N_TEST)
+    frame["split"] = ["train"] * N_TRAIN + ["test"] * N_TEST
+    frame.to_parquet(folder / "t.parquet")
+
+
 def _symlink_loop(folder: Path) -> None:
     (folder / "loop.npz").symlink_to(folder / "loop.npz")
 
@@ -196,6 +205,11 @@ DATA_FILES: dict[str, tuple[Callable[[Path], None], dict[str, Any], str, str]] =
     # case: (write the files, the dataset entry, the field after "datasets[0].", what the message says)
     "label 2^40": (lambda p: npz(p, y_train=np.r_[0, 1, 2**40, np.zeros(N_TRAIN - 3, int)]), entry(),
                    "file.path", "holds label 1099511627776: at most 100,000 classes"),
+    "an id column as the label": (
+        _id_column_as_label,
+        {"name": "tab", "file": {"format": "parquet", "path": "t.parquet", "task": "classification", "label": "row_id"}},
+        "file.label", "holds label 1000000000011: at most 100,000 classes",
+    ),
     "images channels in 2": (lambda p: npz(p, **images((8, 8, 2))), entry(),
                              "file.path", "images have 1 (grayscale) or 3 (RGB) channels"),
     "images of size 0": (lambda p: npz(p, **images((0, 0))), entry(), "file.path", "an example of size 0"),
