@@ -197,3 +197,20 @@ def test_run_out_on_a_file_or_an_unwritable_place_is_one_line(tmp_path, capsys, 
     assert main(["run", str(grid), "--out", str(out)]) == 2
     assert str(out) in _one_error_line(capsys)
     assert file.read_text() == "not a directory" and sorted(p.name for p in tmp_path.iterdir()) == ["a.yaml", "results.txt"]
+
+
+def test_a_lease_on_a_store_without_conditional_writes_is_best_effort_and_says_so(tmp_path, monkeypatch):
+    """Stores pyarrow reaches without preconditions (GCS, Azure, HDFS) get a lease that is written, read back
+    and kept if still its own, with a warning; here on a local path through the same pyarrow calls."""
+    from ursa_ray.lease import BestEffortStore, Lease, LeaseRefused
+
+    monkeypatch.setattr(BestEffortStore, "settle_s", 0.01)
+    lock = Location.parse(tmp_path / "lease.json")
+    lines: list[str] = []
+    with Lease(lock, lines.append, store=BestEffortStore(lock)).held():
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+        with pytest.raises(LeaseRefused, match="in use by another ursa-ray run"):
+            with Lease(lock, lines.append, store=BestEffortStore(lock)).held():
+                pass
+    assert not lock.exists()
+    assert len(lines) == 2 and all("no conditional writes" in line for line in lines)
