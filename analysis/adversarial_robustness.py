@@ -22,8 +22,9 @@ from analysis.composites import decision_task_datasets, final_metrics  # noqa: E
 METRICS = ("accuracy", "attack_success_rate", "adv_auroc_mi")
 
 
-def adversarial_table(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
-    """Rows (method, attack, epsilon), columns accuracy, attack_success_rate, adv_auroc_mi."""
+def adversarial_table(metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float | None = None) -> pd.DataFrame:
+    """Rows (method, attack, epsilon), columns accuracy, attack_success_rate, adv_auroc_mi; with ``alpha``,
+    text cells ``mean [low, high] n=seeds`` (:func:`analysis.intervals.grouped_intervals`)."""
     final = final_metrics(metrics, trials)
     final = final[final["eval_set"].str.startswith(("adv:", "transfer:")) & ~final["eval_set"].str.endswith(":clean")
                   & ~final["dataset"].isin(decision_task_datasets(trials))]
@@ -34,6 +35,11 @@ def adversarial_table(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFra
     kind, attack = final["eval_set"].str.split(":").str[0], final["eval_set"].str.split(":").str[1].str.split("_eps").str[0]
     final = final.assign(attack=attack.where(kind == "adv", "transfer-" + attack))
     keys = ["method", "attack", "epsilon", "metric"]
+    if alpha is not None:
+        from analysis.intervals import grouped_intervals, interval_pivot
+
+        table = interval_pivot(grouped_intervals(final, keys, alpha), keys[:3], "metric")
+        return table[[m for m in METRICS if m in table.columns]].fillna("-")
     seed_means = final.groupby([*keys, "model", "dataset"])["value"].mean()
     return seed_means.groupby(keys).mean().unstack("metric")[[m for m in METRICS]]
 

@@ -16,9 +16,10 @@ from analysis.composites import decision_task_datasets, final_metrics, is_ood_se
 COLUMNS = {"accuracy": "accuracy", "nll": "nll", "ood_auroc_mi": "ood_auroc"}
 
 
-def bit_depth_table(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+def bit_depth_table(metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float | None = None) -> pd.DataFrame:
     """Rows (method, scheme) with scheme ``float32`` first; columns accuracy, nll, ood_auroc (empty frame
-    when no trial evaluated a lower bit depth)."""
+    when no trial evaluated a lower bit depth); with ``alpha``, text cells ``mean [low, high] n=seeds``
+    (:func:`analysis.intervals.grouped_intervals`; OOD sets averaged within each trial)."""
     final = final_metrics(metrics, trials)
     final = final[~final["dataset"].isin(decision_task_datasets(trials)) & final["metric"].isin(COLUMNS)]
     split = final["eval_set"].str.partition("@")
@@ -27,8 +28,14 @@ def bit_depth_table(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame
         return pd.DataFrame()
     final = final[((final["base_set"] == "test") & (final["metric"] != "ood_auroc_mi"))
                   | (final["base_set"].map(is_ood_set) & (final["metric"] == "ood_auroc_mi"))]
-    seed_means = final.groupby(["method", "scheme", "metric", "model", "dataset", "base_set"])["value"].mean()
-    table = seed_means.groupby(["method", "scheme", "metric"]).mean().unstack("metric").rename(columns=COLUMNS)
+    if alpha is not None:
+        from analysis.intervals import grouped_intervals, interval_pivot
+
+        table = interval_pivot(grouped_intervals(final, ["method", "scheme", "metric"], alpha), ["method", "scheme"],
+                               "metric").rename(columns=COLUMNS).fillna("-")
+    else:
+        seed_means = final.groupby(["method", "scheme", "metric", "model", "dataset", "base_set"])["value"].mean()
+        table = seed_means.groupby(["method", "scheme", "metric"]).mean().unstack("metric").rename(columns=COLUMNS)
     order = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3}
     table = table.reset_index().sort_values(["method", "scheme"], key=lambda c: c.map(order) if c.name == "scheme" else c)
     return table.set_index(["method", "scheme"])[[c for c in COLUMNS.values() if c in table.columns]]

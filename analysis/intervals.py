@@ -91,3 +91,23 @@ def interval_text(mean: float, low: float, high: float, seeds: int, digits: int 
         return f"{format_number(float(mean), digits)} (1 seed: no interval)"
     return (f"{format_number(float(mean), digits)} [{format_number(float(low), digits)}, "
             f"{format_number(float(high), digits)}] n={seeds}")
+
+
+def grouped_intervals(rows: pd.DataFrame, keys: list[str], alpha: float = 0.05) -> pd.DataFrame:
+    """Per group of ``keys``: the value averaged within each trial (model, dataset, seed) over the group's
+    sets, then per cell over seeds, then over cells with equal weight, with the 1 − ``alpha`` interval of
+    :func:`composite_interval` (``mean``, ``low``, ``high``, ``seeds``: the fewest behind a cell)."""
+    per_seed = rows.groupby([*keys, "model", "dataset", "seed"], as_index=False)["value"].mean()
+    cells = cell_intervals(per_seed, [*keys, "model", "dataset"], alpha)
+    out = []
+    for key, group in cells.groupby(keys, sort=False):
+        mean, low, high = composite_interval(group, alpha)
+        out.append((*(key if isinstance(key, tuple) else (key,)), mean, low, high, int(group["seeds"].min())))
+    return pd.DataFrame(out, columns=[*keys, "mean", "low", "high", "seeds"])
+
+
+def interval_pivot(table: pd.DataFrame, index: list[str], column: str) -> pd.DataFrame:
+    """:func:`grouped_intervals`' ``table`` as text cells (:func:`interval_text`), ``index`` rows by ``column``."""
+    text = table.assign(text=[interval_text(m, lo, hi, n) for m, lo, hi, n in
+                              zip(table["mean"], table["low"], table["high"], table["seeds"], strict=True)])
+    return text.pivot(index=index, columns=column, values="text")

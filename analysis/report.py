@@ -125,12 +125,14 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool,
         robustness = adversarial_table(metrics, trials)
         if not robustness.empty:
             robustness_figure = plot_accuracy_against_epsilon(robustness, figures_dir / "adversarial.png")
+            robustness = adversarial_table(metrics, trials, alpha)
             figures_extra.append(robustness_figure)
             sections += ["", "## Adversarial examples", "",
                          "White box (`fgsm`, `pgd`): crafted on each method's model average of kept samples. "
                          "Transfer (`transfer-*`): the examples crafted on the `sgd` network of the same model, "
                          "dataset and seed, scored under each method's posterior predictive. "
-                         "Means over in-domain cells and seeds.", "", markdown_table(robustness), "",
+                         f"Means over in-domain cells and seeds [{1 - alpha:.0%} interval] n=seeds.", "",
+                         markdown_table(robustness), "",
                          f"![adversarial](figures/{robustness_figure.name})"]
         shift = corruption_values(metrics, trials)
         if not shift.empty:
@@ -139,10 +141,11 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool,
             sections += ["", "## Common corruptions", "",
                          "Mean [inter-quartile range] over corruption types, in-domain cells.", "",
                          markdown_table(corruption_table(shift)), "", f"![corruption_shift](figures/{shift_figure.name})"]
-        bits = bit_depth_table(metrics, trials)
+        bits = bit_depth_table(metrics, trials, alpha)
         if not bits.empty:
             sections += ["", "## Posterior samples stored at lower bit depths", "",
-                         "Means over in-domain cells; ood_auroc by mutual information, mean over OOD sets.", "",
+                         f"Means over in-domain cells [{1 - alpha:.0%} interval over seeds, propagated over cells] n=seeds; "
+                         "ood_auroc by mutual information, mean over OOD sets.", "",
                          markdown_table(bits)]
         pareto_text, pareto_figures = pareto_markdown(scores, figures_dir)
         if pareto_figures:

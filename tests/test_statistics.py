@@ -300,3 +300,16 @@ def test_region_coverage_gets_a_wilson_interval_with_n_the_repetitions():
     low, high = wilson_interval(np.array([1.5]), np.array([2]))
     assert row["coverage"] == 0.75 and (row["coverage_low"], row["coverage_high"]) == pytest.approx((low[0], high[0]))
     assert 0 <= row["coverage_low"] <= row["coverage_high"] <= 1
+
+
+def test_grouped_intervals_average_sets_within_a_trial_before_seeds_and_cells():
+    """Two OOD sets per trial are one unit (their mean), not two seeds: 3 seeds of means 0.5, 0.6, 0.7."""
+    from analysis.intervals import grouped_intervals
+
+    rows = pd.DataFrame([{"method": "a", "model": "mlp", "dataset": "digits", "seed": s, "set": k, "value": v}
+                         for s, (v0, v1) in enumerate(((0.4, 0.6), (0.5, 0.7), (0.6, 0.8)))
+                         for k, v in enumerate((v0, v1))])
+    row = grouped_intervals(rows, ["method"]).iloc[0]
+    half = stats.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)
+    assert row["seeds"] == 3 and row["mean"] == pytest.approx(0.6)
+    assert (row["low"], row["high"]) == pytest.approx((0.6 - half, 0.6 + half))
