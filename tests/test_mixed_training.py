@@ -19,7 +19,7 @@ from torch import nn
 from exact_blr import batch_means_mcse, make_blr_problem
 from test_hmc import draw as hmc_draw
 from test_sgmcmc import CHAINS, N_TRAIN, PRIOR_STD, assert_spread, draw, exact_gradients, lr_for, without_numba  # noqa: F401
-from ursa_ray.methods import get_method
+from ursa_ray.methods import get_method, swag
 from ursa_ray.methods._training import (
     PRECISIONS,
     autocast_body,
@@ -29,6 +29,7 @@ from ursa_ray.methods._training import (
     train_sgd,
 )
 from ursa_ray.methods.base import Gaussian, Problem, flat_parameters, resolve_config
+from ursa_ray.methods.batched import StackedNetworks
 from ursa_ray.methods.sgmcmc import LangevinChain
 
 BF16 = torch.bfloat16
@@ -96,6 +97,33 @@ def test_every_loop_trains_under_bfloat16_with_float32_parameters(name):
     for predictor in method.sample_posterior(problem, config, {}):
         assert all(p.dtype is torch.float32 for p in predictor.parameters())
     assert seen and set(seen) == {BF16}, seen
+
+
+@pytest.mark.parametrize("name", ["sgld", "swag"])
+def test_batched_copies_train_under_bfloat16(monkeypatch, name):
+    """Batched copies (``StackedNetworks``): two SGLD chains (``LangevinCopies``) and two seeds' SWAG
+    collection phase (``fit_swa_copies``) run their stacked forward passes under the autocast."""
+    seen: list[torch.dtype] = []
+    forward = StackedNetworks.__call__
+
+    def recording(self, x):
+        out = forward(self, x)
+        seen.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(StackedNetworks, "__call__", recording)
+    method = get_method(name)
+    if name == "sgld":
+        problem, _, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD)
+        config = resolve_config(method, {"epochs": 2, "burn_in_epochs": 1, "n_samples": 1, "n_chains": 2,
+                                         "lr": lr_for(0.03, cov), "prior_std": PRIOR_STD})
+        list(method.sample_posterior(mixed(problem), config, {}))
+        assert seen and set(seen) == {BF16}, seen
+    else:
+        problems = [mixed(make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=s)[0]) for s in (0, 1)]
+        config = resolve_config(method, {"epochs": 1, "swa_epochs": 2, "n_samples": 1, "lr": 1e-3, "swa_lr": 1e-3})
+        swag.fit_swa_copies(problems, config, [{}, {}], max_rank=2)
+        assert BF16 in seen  # the collection phase (the burn-in is batched.py's train_sgd_copies)
 
 
 def test_float32_problem_trains_in_float32():
@@ -222,3 +250,35 @@ def test_hmc_ignores_the_mixed_precision_setting():
     samples, _ = hmc_draw(problem, **settings)
     assert seen and set(seen) == {torch.float32}
     assert torch.equal(samples, reference)
+
+
+# --- benchmarks/gpu_check.py's part 5 runs ----------------------------------------------------------------
+
+
+def test_gpu_check_cpu_smoke_runs_every_part_of_issue_33():
+    """``gpu_check.py --cpu-smoke`` (part 5 at tiny sizes on the CPU, CUDA hidden) exits 0 and prints every
+    figure the GPU run reports: a step time with its MFU for each network × precision × method, the
+    SG-MCMC ÷ SGD ratios, the speed-ups and the concurrency figures.  Catches a part that raises or a figure
+    left out.  (Takes 30-60 s on an idle 2-core machine.)"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_check.py"), "--cpu-smoke"],
+                          capture_output=True, text=True, timeout=1200, env=env, cwd=root)
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert not [line for line in out.splitlines() if line.startswith("FAIL")], out[-3000:]
+    assert "SUMMARY: 3 PASS, 0 FAIL" in out, out[-3000:]
+    for label in ("ResNet50 (width 1)", "WRN-10-1"):
+        for precision in ("float32", "bf16-mixed"):
+            for method in ("sgd", "sgld", "sghmc", "swag_collection", "ensemble_member"):
+                assert f"step {label} batch 4 {precision:10s} {method:16s}" in out, (label, precision, method)
+            assert f"ratio {label} {precision}: SGLD ÷ SGD" in out
+        assert f"speed-up {label} sgld: float32 ÷ bf16-mixed" in out
+    assert "MFU n/a" in out and "MFU denominator" in out
+    assert "concurrency: 2 trials sgd/mlp/e1" in out and "throughput gain" in out
+    assert "smoke (not judged)" in out

@@ -49,8 +49,8 @@ PRECISIONS = ("bf16-mixed", "float32")
 
 
 def default_precision(device: torch.device, task: str) -> str:
-    """bf16-mixed for classification on a GPU; float32 otherwise (on the CPU, where bfloat16 is slower, and
-    for regression, whose uncertainties are compared with the exact anchor at a few per cent: the rule of
+    """bf16-mixed for classification on a GPU (its bfloat16 tensor cores); float32 on the CPU and for
+    regression, whose uncertainties are compared with the exact anchor at a few per cent (the rule of
     :func:`~ursa_ray.evaluation.precision.evaluation_precision`)."""
     return "bf16-mixed" if device.type == "cuda" and task == "classification" else "float32"
 
