@@ -645,8 +645,9 @@ def step_variants(model_name: str, options: dict, sizes: MixedSizes, precision: 
     """One epoch of ``sizes.steps`` steps at batch ``sizes.batch`` of each method's real training loop on
     random CIFAR-sized data on DEVICE, with the CIFAR augmentation (random crop + flip on the device), in
     ``precision``: SGD (:func:`train_sgd`), SGLD and SGHMC (:class:`LangevinChain`, as the samplers step),
-    SWAG's collection phase (:func:`collect_iterates`, collecting once per epoch into the moments of rank 20)
-    and a deep-ensemble member (the method's own stream, one member of one epoch)."""
+    SWAG's collection phase (:func:`collect_iterates`, collecting once per epoch into the moments of rank 20:
+    once per 20 steps here against once per 391 in a CIFAR epoch, so the figure overstates collection's
+    share) and a deep-ensemble member (the method's own stream, one member of one epoch)."""
     from ursa_ray.data.vision import CIFAR_MEAN, CIFAR_STD, RandomCropFlip
     from ursa_ray.methods._training import train_sgd
     from ursa_ray.methods.sgmcmc import LangevinChain
