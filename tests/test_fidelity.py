@@ -1,0 +1,88 @@
+"""Fidelity metrics (ursa_ray.evaluation.fidelity) against closed forms, scipy and hand cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from ursa_ray.evaluation import fidelity
+
+
+def dirichlet(n: int, k: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).dirichlet(np.full(k, 0.5), size=n)
+
+
+def test_uniform_against_a_one_hot_reference_is_the_closed_form():
+    k, labels = 10, np.array([0, 3, 3, 7, 9, 0, 1, 2])
+    one_hot = np.eye(k)[labels]
+    uniform = np.full_like(one_hot, 1 / k)
+    assert fidelity.total_variation(one_hot, uniform) == pytest.approx(1 - 1 / k, abs=1e-15)
+    assert fidelity.kl_divergence(one_hot, uniform) == pytest.approx(math.log(k), abs=1e-12)
+    # uniform's argmax is class 0 (first of the ties): agrees where the label is 0
+    assert fidelity.agreement(one_hot, uniform) == pytest.approx(np.mean(labels == 0))
+
+
+def test_tv_and_kl_match_scipy_and_identical_predictives_score_perfectly():
+    p, q = dirichlet(50, 5, 0), dirichlet(50, 5, 1)
+    kl = np.mean([stats.entropy(p[i], q[i]) for i in range(50)])
+    assert fidelity.kl_divergence(p, q) == pytest.approx(kl, rel=1e-12)
+    tv = np.mean([0.5 * sum(abs(a - b) for a, b in zip(p[i], q[i])) for i in range(50)])
+    assert fidelity.total_variation(p, q) == pytest.approx(tv, rel=1e-12)
+    assert fidelity.agreement(p, q) == pytest.approx(np.mean(p.argmax(1) == q.argmax(1)))
+    assert fidelity.classification_fidelity(p, p) == {"agreement": 1.0, "total_variation": 0.0, "kl": 0.0}
+    # direction: KL(reference || method), not the reverse (they differ here)
+    assert fidelity.kl_divergence(p, q) != pytest.approx(fidelity.kl_divergence(q, p), rel=1e-3)
+
+
+def test_kl_clips_a_zero_method_probability_at_epsilon():
+    p, q = np.array([[0.5, 0.5]]), np.array([[1.0, 0.0]])
+    expected = 0.5 * math.log(0.5) + 0.5 * math.log(0.5 / fidelity.KL_EPSILON)
+    assert fidelity.kl_divergence(p, q) == pytest.approx(expected, rel=1e-12)
+
+
+def test_w2_of_gaussians_matches_the_quantile_integral():
+    m1, s1, m2, s2 = np.array([0.3, -1.0]), np.array([0.5, 2.0]), np.array([1.1, -1.0]), np.array([0.2, 0.7])
+    u = (np.arange(200_000) + 0.5) / 200_000  # W2² = ∫₀¹ (F₁⁻¹(u) − F₂⁻¹(u))² du, midpoint rule
+    by_quantiles = [
+        math.sqrt(np.mean((stats.norm.ppf(u, m1[i], s1[i]) - stats.norm.ppf(u, m2[i], s2[i])) ** 2)) for i in range(2)
+    ]
+    np.testing.assert_allclose(fidelity.wasserstein2_gaussian(m1, s1, m2, s2), by_quantiles, rtol=1e-3)
+    assert fidelity.regression_fidelity(m1, s1, m2, s2)["w2"] == pytest.approx(np.mean(by_quantiles), rel=1e-3)
+
+
+def test_noise_floor_compares_the_two_halves_of_the_chains():
+    a, b = dirichlet(20, 3, 2), dirichlet(20, 3, 3)
+    chains = np.stack([a, a, b, b])  # halves: {a, a} vs {b, b}
+    assert fidelity.noise_floor(chains) == fidelity.classification_fidelity(a, b)
+    assert fidelity.noise_floor(np.stack([a, b, a, b]))["total_variation"] == pytest.approx(0.0, abs=1e-15)
+    with pytest.raises(ValueError):
+        fidelity.noise_floor(a[None])
+    # regression: equal halves -> 0; halves with different means -> |Δm| when the spreads agree
+    means = np.array([[0.0, 1.0], [0.0, 1.0], [0.5, 1.0], [0.5, 1.0]])
+    variances = np.full_like(means, 0.04)
+    assert fidelity.regression_noise_floor(means, variances)["w2"] == pytest.approx(0.25)
+
+
+def test_independent_chains_converge_and_stuck_or_short_chains_do_not():
+    rng = np.random.default_rng(0)
+    iid = rng.normal(size=(4, 500, 6, 3))
+    good = fidelity.convergence(iid)
+    assert good.converged and good.rhat_max < 1.02 and good.ess_bulk_min > 1000
+    # chains that have not left their starting points: slow AR(1) started apart
+    stuck = np.empty((4, 60, 5))
+    stuck[:, 0] = np.arange(4)[:, None] * 3.0
+    for t in range(1, 60):
+        stuck[:, t] = 0.99 * stuck[:, t - 1] + 0.1 * rng.normal(size=(4, 5))
+    verdict = fidelity.convergence(stuck)
+    assert not verdict.converged and verdict.rhat_max > 1.5
+    # mixed but too few draws for the ESS threshold (4 × 10 independent draws: ESS ≈ 40 < 100)
+    short = fidelity.convergence(rng.normal(size=(4, 10, 3)))
+    assert not short.converged and short.ess_bulk_min < fidelity.ESS_MIN
+    one_chain = fidelity.convergence(rng.normal(size=(1, 100, 3)))  # R̂ needs two chains
+    assert not one_chain.converged and math.isnan(one_chain.rhat_max)
+    # a constant quantity (a saturated class) is skipped, not NaN for the whole
+    with_constant = np.concatenate([iid[..., 0], np.ones((4, 500, 1))], axis=-1)
+    assert fidelity.convergence(with_constant).converged
