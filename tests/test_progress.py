@@ -182,3 +182,28 @@ def test_run_progress_option_is_validated():
         parser.parse_args(["run", "g.yaml", "--progress", "bar"])
     with pytest.raises(ValueError):
         Progress.for_stdout("bar")
+
+
+def test_a_recorded_final_trial_leaves_no_metric_history_in_the_driver(tmp_path):
+    """Driver memory (26.14): Tune keeps running statistics of every numeric result key of every trial (~17 KB a
+    trial); once a final trial's rows are written the callback drops them, a search trial's are kept (its
+    scheduler and searcher may use them).  Catches a callback that leaves Tune's per-trial history in place."""
+    from ray.tune.trainable.metadata import _TrainingRunMetadata
+
+    from ursa_ray.results import ResultsDirectory
+
+    callback = ResultsCallback(ResultsDirectory(tmp_path), RunSummary(), lambda line: None, total=2)
+    spec = {"phase": "final", "trial_id": "t0", "cell": "sgd/mlp/digits", "label": "sgd", "method": "sgd",
+            "model": "mlp", "dataset": "digits", "task": "classification", "decision_task": False,
+            "complexity": None, "seed": 0, "config": {}, "resources": {"cpu": 1, "gpu": 0, "custom": {}}}  # fmt: skip
+    kept = {}
+    for phase in ("final", "search"):
+        metadata = _TrainingRunMetadata()
+        for step in (1, 2):
+            metadata.update_metric("cpu_s", 1.5 * step, step=step)
+        config = {"specs": pack([{**spec, "phase": phase}])} if phase == "final" else {"spec": pack({**spec, "phase": phase}), "hp": {"lr": 0.1}}
+        trial = SimpleNamespace(trial_id=f"{phase}_1", config=config, last_result={}, checkpoint=None, node_ip="", run_metadata=metadata)
+        callback._record(trial, error="RuntimeError: boom")
+        kept[phase] = (metadata.metric_analysis, metadata.metric_n_steps)
+    assert kept["final"] == ({}, {})
+    assert kept["search"][0]["cpu_s"]["last"] == 3.0 and set(kept["search"][1]["cpu_s"]) == {"5", "10"}

@@ -99,3 +99,9 @@ def test_tune_trial_and_callback_still_have_what_the_results_callback_uses():
         have = list(inspect.signature(getattr(Callback, hook)).parameters)
         assert have[1:1 + len(parameters)] == parameters, f"ray {version('ray')}: Callback.{hook} now takes {have}"
     assert Searcher.FINISHED == "FINISHED", "Tune's Searcher.FINISHED changed"
+    from ray.tune.trainable.metadata import _TrainingRunMetadata
+
+    metadata = _TrainingRunMetadata()
+    assert {"metric_analysis", "metric_n_steps", "last_result"} <= set(vars(metadata)), (
+        f"ray {version('ray')}: Tune's run metadata lacks what tune.trials.forget_metric_history clears"
+    )

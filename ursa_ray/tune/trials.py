@@ -429,6 +429,8 @@ class ResultsCallback(tune.Callback):
                 self.results.add(row, metrics, points, predictions)
             self.recorded.add(trial.trial_id)
             self.running.pop(trial.trial_id, None)
+        if specs[0]["phase"] == "final":
+            forget_metric_history(trial)
         for spec, status, row, metrics, _, _ in rows:
             cpu, gpu = self.reserved_recorded
             self.reserved_recorded = (cpu + row["reserved_cpu_s"], gpu + row["reserved_gpu_s"])
@@ -470,6 +472,17 @@ class ResultsCallback(tune.Callback):
             if k.startswith("val_") and isinstance(v, (int, float))
         ]
         return "early_stopped", record, metrics, [], {}
+
+
+def forget_metric_history(trial: Any) -> None:
+    """Drop what Tune keeps of a recorded final trial's results beyond its last one: running statistics of every
+    numeric result key (``run_metadata.metric_analysis``, and the last-5 and last-10 deques of ``metric_n_steps``),
+    about 17 KB a trial in the driver for as long as the experiment lasts.  Only Tune's own analysis of the
+    experiment (best trial by a metric) reads them; the final phase has no metric, and ursa-ray reads its
+    results directory.  (Tune internals: tests/test_ray_internals.py.)"""
+    metadata = getattr(trial, "run_metadata", None)
+    if metadata is not None:
+        metadata.metric_analysis, metadata.metric_n_steps = {}, {}
 
 
 def trial_specs(trial: Any) -> list[dict[str, Any]]:
