@@ -287,8 +287,9 @@ class ModelAverage:
     """M posterior samples kept as flat copies, and the model average p̄ over them.
 
     Feed it every sample of the stream with :meth:`observe`; it copies those at
-    :func:`kept_sample_indices` (S = ``planned_samples`` per chain of ``n_chains``, M = ``attack_samples``).  A copy is the network's
-    parameters (in :func:`~ursa_ray.methods.base.flat_parameters` order) followed by its floating-point
+    :func:`kept_sample_indices` (S = ``planned_samples`` per chain of ``n_chains``, M = ``attack_samples``).
+    A copy is the network's parameters (in :func:`~ursa_ray.methods.base.flat_parameters` order) followed
+    by its floating-point
     buffers (batch-norm running statistics: SWAG recomputes them for each draw, ensemble members have
     their own).  Memory: M × (parameters + buffer values) × 4 bytes on the samples' device, e.g.
     20 × 199,210 × 4 = 15.9 MB for the MLP 784-200-200-10 and 20 × 23.6 M × 4 = 1.9 GB for ResNet-50;
