@@ -1,0 +1,99 @@
+"""The HMC reference of a cell (ursa_ray.reference) against an exact posterior, its checks and its store.
+
+The cell: ``true_features`` (f(x) = wᵀG(x)) on E.2 with d = 1 and a Gaussian likelihood of known σ, with a
+prior so wide (std 10³) that the posterior is the anchor's flat-prior Bayesian linear regression, exact in
+closed form (:func:`ursa_ray.regression.anchor_for_dataset`), as in test_regression_hmc.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ursa_ray.evaluation import fidelity
+from ursa_ray.grid import parse_grid
+from ursa_ray.reference import Reference, compute_reference, reference_spec, stored_or_computed
+from ursa_ray.regression import anchor_for_dataset
+from ursa_ray.results import Location
+from ursa_ray.trial import TrialRun
+
+EXACT = {"chains": 4, "n_samples": 750, "burn_in": 200, "prior_std": 1e3, "n_leapfrog": 6, "step_size": 1e-3,
+         "step_jitter": 0.9}
+
+
+def blr_spec() -> dict:
+    grid = parse_grid({
+        "name": "ref", "methods": ["sgd"], "models": ["true_features"],
+        "datasets": [{"name": "e2", "complexity": [1]}], "seeds": 1,
+    })
+    return grid.spec_for(grid.cells()[0], 0, "final", {})
+
+
+@pytest.fixture(scope="module")
+def exact_reference() -> tuple[Reference, np.ndarray, np.ndarray]:
+    spec = blr_spec()
+    reference = compute_reference(spec, EXACT)
+    ds = TrialRun(reference_spec(spec, EXACT)).ds
+    mean, std = anchor_for_dataset(ds)
+    return reference, mean, std
+
+
+def test_the_hmc_reference_matches_the_exact_posterior_within_monte_carlo_error(exact_reference):
+    reference, exact_mean, exact_std = exact_reference
+    pooled = reference.pooled["test"]
+    assert reference.chains["test"].shape == (4, len(exact_mean), 2)
+    assert reference.cost["n_samples"] == 4 * 750
+    # 5 % as in test_regression_hmc (3,000 draws; the MC error of a std from ~1,000 effective draws is ~2 %)
+    std_error = np.abs(pooled[:, 1] / exact_std - 1)
+    mean_error = np.abs(pooled[:, 0] - exact_mean) / np.maximum(np.abs(exact_mean), exact_std)
+    assert std_error.max() < 0.05, std_error.max()
+    assert mean_error.max() < 0.05, mean_error.max()
+    # its distance to the exact posterior is at the level of its own noise floor (halves of its chains, whose
+    # difference has about twice the variance of the pooled error)
+    w2 = fidelity.regression_fidelity(exact_mean, exact_std, pooled[:, 0], pooled[:, 1])["w2"]
+    floor = reference.noise_floor["test"]["w2"]
+    assert 0 < floor and w2 < 2 * floor, (w2, floor)
+    assert reference.convergence.converged, reference.convergence
+    assert reference.convergence.rhat_max < 1.05
+
+
+def test_a_method_equal_to_the_exact_posterior_scores_zero_and_a_shifted_one_its_shift(exact_reference):
+    reference, _, _ = exact_reference
+    ref = reference.pooled["test"]
+
+    class Same:
+        mean, std = ref[:, 0], ref[:, 1]
+
+    class Shifted:
+        mean, std = ref[:, 0] + 0.3, ref[:, 1]
+
+    assert reference.metrics("test", Same)["w2"] == 0.0
+    scored = reference.metrics("test", Shifted)
+    assert scored["w2"] == pytest.approx(0.3)
+    assert scored["converged"] == 1.0 and scored["noise_w2"] == reference.noise_floor["test"]["w2"]
+
+
+def test_a_reference_whose_chains_have_not_moved_is_not_converged():
+    stuck = {"chains": 4, "n_samples": 20, "burn_in": 0, "prior_std": 1e3, "step_size": 1e-9,
+             "adapt_step_size": False, "step_jitter": 0.0, "n_leapfrog": 1}
+    reference = compute_reference(blr_spec(), stuck)
+    assert not reference.convergence.converged
+    assert reference.convergence.rhat_max > 1.1
+    assert reference.metrics("test", type("M", (), {"mean": reference.pooled["test"][:, 0],
+                                                    "std": reference.pooled["test"][:, 1]}))["converged"] == 0.0
+
+
+def test_the_store_reuses_a_reference_and_a_changed_prior_recomputes_it(tmp_path):
+    short = {"chains": 2, "n_samples": 30, "burn_in": 20, "prior_std": 1e3, "n_leapfrog": 6, "step_size": 1e-3}
+    store = Location.parse(tmp_path / "references")
+    first, computed = stored_or_computed(blr_spec(), short, store)
+    assert computed and (tmp_path / "references" / f"{first.fingerprint}.parquet").is_file()
+    again, computed = stored_or_computed(blr_spec(), short, store)
+    assert not computed and again.fingerprint == first.fingerprint
+    for name in first.pooled:
+        np.testing.assert_array_equal(again.pooled[name], first.pooled[name])
+        np.testing.assert_array_equal(again.chains[name], first.chains[name])
+    assert again.noise_floor == first.noise_floor and again.convergence == first.convergence
+    other, computed = stored_or_computed(blr_spec(), {**short, "prior_std": 10.0}, store)
+    assert computed and other.fingerprint != first.fingerprint
+    assert len(list((tmp_path / "references").glob("*.parquet"))) == 2

@@ -1,0 +1,291 @@
+"""A cell's reference posterior predictive: multi-chain full-batch HMC, its checks, and its stored form.
+
+The reference of a (model, dataset) cell is the existing :mod:`~ursa_ray.methods.hmc` method run with the
+grid's reference settings (``chains`` → ``n_chains``, ``n_samples`` per chain, ``burn_in``, ``prior_std``,
+``temperature``, and any other HMC hyperparameter) through the same :class:`~ursa_ray.trial.TrialRun` as
+every trial (same data, model, likelihood and device; phase ``reference``: the test set and every OOD set,
+no corruptions, attacks or bit depths).  The chains run batched where the network is small (HMC's
+``n_chains``).  Its stream yields, at each post-burn-in iteration, chain 1's sample, then chain 2's, ...;
+each sample's outputs on every evaluation set are added online to the pooled accumulator of the trial and
+to one accumulator per chain (:class:`~ursa_ray.evaluation.ClassificationPredictive` /
+:class:`~ursa_ray.evaluation.RegressionPredictive`), so memory does not grow with the samples -- except
+for the convergence check, which needs the draws themselves: the predictive probabilities (regression:
+predicted means) of the first :data:`N_DIAGNOSTIC_EXAMPLES` test examples, per chain and draw.
+
+Checks (:mod:`~ursa_ray.evaluation.fidelity`): the split-R̂ and bulk ESS of those per-example quantities,
+and the noise floor on every evaluation set: the fidelity of the first half of the chains' predictive to
+the second half's.
+
+Stored form: one Parquet file ``references/<fingerprint>.parquet`` in the results directory, written
+atomically (:meth:`~ursa_ray.results.Location.write_parquet`), with one row per (eval_set, chain, example):
+``chain`` −1 is the pooled predictive, 0..C−1 the chains; classification columns ``p0..p{K−1}``, regression
+``mean`` and ``std``.  The file's Parquet metadata key ``ursa_ray.reference`` holds JSON: fingerprint, task,
+settings, convergence, noise floors and cost.  The fingerprint (:func:`fingerprint`) hashes everything the
+reference depends on, so a changed prior, model or data is another file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from ursa_ray.evaluation import ClassificationPredictive, RegressionPredictive
+from ursa_ray.evaluation import fidelity
+from ursa_ray.methods import get_method
+from ursa_ray.methods.base import resolve_config
+from ursa_ray.results import Location
+from ursa_ray.trial import TrialRun, predict
+
+N_DIAGNOSTIC_EXAMPLES = 25
+"""Test examples whose per-draw predictive probabilities (all classes) the convergence check monitors."""
+
+SETTINGS_DEFAULTS: dict[str, Any] = {"method": "hmc", "chains": 4, "n_samples": 400, "burn_in": 200, "seed": 0}
+"""Reference settings a grid may leave out (``prior_std`` and ``temperature`` default to HMC's own)."""
+
+METADATA_KEY = b"ursa_ray.reference"
+
+
+def hmc_config(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The HMC configuration of the reference: ``chains`` as ``n_chains``, every other setting except
+    ``method``, ``seed`` and the convergence thresholds as the HMC hyperparameter of that name."""
+    own = {"method", "seed", "chains", "rhat_max", "ess_min"}
+    given = {k: v for k, v in {**SETTINGS_DEFAULTS, **settings}.items() if k not in own}
+    return resolve_config(get_method("hmc"), {**given, "n_chains": int({**SETTINGS_DEFAULTS, **settings}["chains"])})
+
+
+def fingerprint(spec: Mapping[str, Any], settings: Mapping[str, Any], data_digest: str) -> str:
+    """sha256 (first 16 hex digits) of what a reference depends on: dataset, its options and file block
+    (paths left out; ``data_digest`` hashes the tensors themselves), model and options, the task (so the
+    likelihood), the resolved HMC configuration (prior, temperature, chains, samples, burn-in...), the
+    reference's seed and thresholds."""
+    identity = {
+        "dataset": spec["dataset"],
+        "dataset_options": spec["dataset_options"],
+        "dataset_file": {k: v for k, v in (spec.get("dataset_file") or {}).items() if k not in ("path", "ood")},
+        "ood": list(spec["ood"]),
+        "model": spec["model"],
+        "model_options": spec["model_options"],
+        "task": spec["task"],
+        "config": hmc_config(settings),
+        "settings": {**SETTINGS_DEFAULTS, **settings},
+        "data": data_digest,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def data_digest(run: TrialRun) -> str:
+    """sha256 of the training set and of every evaluation set's inputs, as loaded for the trial."""
+    h = hashlib.sha256()
+    tensors = [run.problem.x, run.problem.y] + [x for x, _ in run.eval_sets.values()]
+    for t in tensors:
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def reference_spec(spec: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The trial spec of a cell's reference, from any final spec of the cell: method ``hmc`` with
+    :func:`hmc_config`, phase ``reference``, the reference's own seed, nothing saved or attacked."""
+    merged = {**SETTINGS_DEFAULTS, **settings}
+    return {
+        **spec,
+        "method": "hmc",
+        "label": "reference",
+        "phase": "reference",
+        "seed": int(merged["seed"]),
+        "config": hmc_config(settings),
+        "save_predictions": False,
+        "bit_depths": [],
+        "transfer_source": False,
+        "transfer_examples": None,
+    }
+
+
+@dataclass
+class Reference:
+    """A computed or stored reference: pooled and per-chain predictives by evaluation set (classification
+    (n, K) / (C, n, K) probabilities; regression (n, 2) / (C, n, 2) columns mean, std), its checks and cost."""
+
+    fingerprint: str
+    task: str
+    pooled: dict[str, np.ndarray]
+    chains: dict[str, np.ndarray]
+    convergence: fidelity.Convergence
+    noise_floor: dict[str, dict[str, float]]
+    settings: dict[str, Any] = field(default_factory=dict)
+    cost: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self, eval_set: str, accumulator: Any) -> dict[str, float]:
+        """A method's fidelity on ``eval_set`` (its accumulated predictive) beside the reference's noise floor
+        (``noise_*``) and checks (``rhat_max``, ``ess_bulk_min``, ``converged``)."""
+        ref = self.pooled[eval_set]
+        if self.task == "classification":
+            scores = fidelity.classification_fidelity(ref, accumulator.mean_probs)
+        else:
+            scores = fidelity.regression_fidelity(ref[:, 0], ref[:, 1], accumulator.mean, accumulator.std)
+        floor = {f"noise_{k}": v for k, v in self.noise_floor.get(eval_set, {}).items()}
+        return {**scores, **floor, **self.convergence.as_metrics()}
+
+    def to_table(self) -> pa.Table:
+        frames = []
+        columns = None
+        for name, pooled in self.pooled.items():
+            for chain, values in [(-1, pooled)] + list(enumerate(self.chains[name])):
+                if columns is None:
+                    columns = [f"p{k}" for k in range(values.shape[1])] if self.task == "classification" else ["mean", "std"]
+                frame = pd.DataFrame(values, columns=columns)
+                frame.insert(0, "example", np.arange(len(frame)))
+                frame.insert(0, "chain", chain)
+                frame.insert(0, "eval_set", name)
+                frames.append(frame)
+        table = pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False)
+        meta = {
+            "fingerprint": self.fingerprint,
+            "task": self.task,
+            "settings": self.settings,
+            "convergence": self.convergence.as_metrics(),
+            "noise_floor": self.noise_floor,
+            "cost": self.cost,
+        }
+        return table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: json.dumps(meta, default=str).encode()})
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> Reference:
+        meta = json.loads(table.schema.metadata[METADATA_KEY])
+        frame = table.to_pandas()
+        value_columns = [c for c in frame.columns if c not in ("eval_set", "chain", "example")]
+        pooled, chains = {}, {}
+        for name, rows in frame.groupby("eval_set", sort=False):
+            rows = rows.sort_values(["chain", "example"])
+            pooled[name] = rows[rows.chain == -1][value_columns].to_numpy(np.float64)
+            per_chain = rows[rows.chain >= 0]
+            n_chains = per_chain.chain.nunique()
+            chains[name] = per_chain[value_columns].to_numpy(np.float64).reshape(n_chains, -1, len(value_columns))
+        c = meta["convergence"]
+        return cls(
+            meta["fingerprint"],
+            meta["task"],
+            pooled,
+            chains,
+            fidelity.Convergence(c["rhat_max"], c["ess_bulk_min"], bool(c["converged"])),
+            meta["noise_floor"],
+            meta["settings"],
+            meta["cost"],
+        )
+
+
+def reference_location(references: Location, key: str) -> Location:
+    """Where the reference of fingerprint ``key`` lives in a ``references/`` folder."""
+    return references / f"{key}.parquet"
+
+
+def read_reference(location: Location) -> Reference:
+    if location.is_local:
+        return Reference.from_table(pq.read_table(location.local_path))
+    return Reference.from_table(pq.read_table(location.path, filesystem=location.fs))
+
+
+def compute_reference(
+    spec: Mapping[str, Any], settings: Mapping[str, Any], device: torch.device | None = None
+) -> Reference:
+    """Run the reference of ``spec``'s cell (see the module docstring) and check it."""
+    return _run_reference(TrialRun(reference_spec(spec, settings), device), spec, settings)
+
+
+def _run_reference(run: TrialRun, spec: Mapping[str, Any], settings: Mapping[str, Any]) -> Reference:
+    """The reference's chains streamed through ``run`` (a :class:`TrialRun` of :func:`reference_spec`)."""
+    merged = {**SETTINGS_DEFAULTS, **settings}
+    if merged["method"] != "hmc":
+        raise ValueError(f"reference method must be 'hmc', got {merged['method']!r}")
+    task = run.ds.task
+    config = run.spec["config"]
+    n_chains = config["n_chains"]
+    n_outputs = run.ds.n_outputs
+
+    def accumulator(n: int) -> Any:
+        return ClassificationPredictive(n, n_outputs, run.device) if task == "classification" else RegressionPredictive(n, run.device)
+
+    per_chain = {name: [accumulator(x.shape[0]) for _ in range(n_chains)] for name, (x, _) in run.eval_sets.items()}
+    draws: list[list[np.ndarray]] = [[] for _ in range(n_chains)]
+    stream = run.method.sample_posterior(run.problem, config, run.stats)
+    train_s = eval_s = 0.0
+    tick = time.perf_counter()
+    for k, predictor in enumerate(stream):
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        train_s += time.perf_counter() - tick
+        tick = time.perf_counter()
+        chain = k % n_chains
+        for name, (x, _) in run.eval_sets.items():
+            outputs = predict(predictor, x, run.precision)
+            run.accumulators[name].update(outputs)
+            per_chain[name][chain].update(outputs)
+            if name == "test":
+                probe = outputs[:N_DIAGNOSTIC_EXAMPLES].double()
+                probe = torch.softmax(probe, -1) if task == "classification" else probe.reshape(-1)
+                draws[chain].append(probe.cpu().numpy())
+        eval_s += time.perf_counter() - tick
+        tick = time.perf_counter()
+    train_s += time.perf_counter() - tick
+
+    pooled, chains, floors = {}, {}, {}
+    for name, acc in run.accumulators.items():
+        if task == "classification":
+            pooled[name] = acc.mean_probs
+            chains[name] = np.stack([a.mean_probs for a in per_chain[name]])
+            if n_chains > 1:
+                floors[name] = fidelity.noise_floor(chains[name])
+        else:
+            pooled[name] = np.stack([acc.mean, acc.std], axis=1)
+            chains[name] = np.stack([np.stack([a.mean, a.std], axis=1) for a in per_chain[name]])
+            if n_chains > 1:
+                floors[name] = fidelity.regression_noise_floor(chains[name][..., 0], chains[name][..., 1] ** 2)
+    n_draws = min(len(d) for d in draws)
+    checked = fidelity.convergence(
+        np.stack([np.stack(d[:n_draws]) for d in draws]),
+        rhat_max=float(merged.get("rhat_max", fidelity.RHAT_MAX)),
+        ess_min=float(merged.get("ess_min", fidelity.ESS_MIN)),
+    )
+    cost = {
+        "train_s": train_s,
+        "eval_s": eval_s,
+        "setup_s": run.setup_s,
+        "cpu_s": time.process_time() - run.started_cpu,
+        "grad_evals": float(run.stats.get("grad_evals", float("nan"))),
+        "accept_rate": float(run.stats.get("accept_rate", float("nan"))),
+        "n_samples": float(run.stats.get("n_samples", 0)),
+    }
+    return Reference(
+        fingerprint(spec, settings, data_digest(run)),
+        task,
+        pooled,
+        chains,
+        checked,
+        floors,
+        {**merged},
+        cost,
+    )
+
+
+def stored_or_computed(
+    spec: Mapping[str, Any], settings: Mapping[str, Any], references: Location, device: torch.device | None = None
+) -> tuple[Reference, bool]:
+    """The cell's reference from ``references/`` when one with its fingerprint is stored there, else computed
+    and stored; the second value says whether it was computed (the fingerprint hashes the loaded data)."""
+    run = TrialRun(reference_spec(spec, settings), device)
+    where = reference_location(references, fingerprint(spec, settings, data_digest(run)))
+    if where.exists():
+        return read_reference(where), False
+    reference = _run_reference(run, spec, settings)
+    reference_location(references, reference.fingerprint).write_parquet(reference.to_table())
+    return reference, True
