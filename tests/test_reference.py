@@ -97,3 +97,54 @@ def test_the_store_reuses_a_reference_and_a_changed_prior_recomputes_it(tmp_path
     other, computed = stored_or_computed(blr_spec(), {**short, "prior_std": 10.0}, store)
     assert computed and other.fingerprint != first.fingerprint
     assert len(list((tmp_path / "references").glob("*.parquet"))) == 2
+
+
+GRID = {"name": "ref", "methods": ["sgd"], "models": ["mlp"], "datasets": [{"name": "digits"}], "seeds": 1}
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ({"chain": 2}, "reference.chain: unknown option; allowed: method, chains"),
+        ({"method": "sgld"}, "reference.method: expected one of ['hmc']"),
+        ({"chains": 1}, "reference.chains: expected a value >= 2"),
+        ({"prior_std": float("nan")}, "reference.prior_std:"),
+        ([4], "reference: expected a mapping"),
+    ],
+)
+def test_a_bad_reference_block_is_one_line_naming_the_field(tmp_path, capsys, block, message):
+    import yaml
+
+    from ursa_ray.cli import main
+
+    grid = tmp_path / "bad.yaml"
+    grid.write_text(yaml.safe_dump({**GRID, "reference": block}))
+    assert main(["validate", str(grid)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{grid}: {message}" in err, err
+
+
+def test_a_reference_too_large_for_full_batch_is_refused_with_the_estimate_and_the_limit(tmp_path, capsys):
+    import yaml
+
+    from ursa_ray.cli import main
+
+    grid = tmp_path / "big.yaml"
+    wide = {**GRID, "models": [{"name": "mlp", "options": {"widths": [4000, 4000]}}], "reference": {"chains": 4}}
+    grid.write_text(yaml.safe_dump(wide))
+    assert main(["run", str(grid), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "reference: full-batch HMC on mlp/digits needs at least" in err and "the limit is 512 MiB" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_final_specs_of_classification_cells_carry_the_reference_settings():
+    from ursa_ray.reference import hmc_config
+
+    grid = parse_grid({**GRID, "reference": {"chains": 2, "n_samples": 10, "prior_std": 0.5}})
+    spec = grid.spec_for(grid.cells()[0], 0, "final", {})
+    assert spec["reference"] == {"chains": 2, "n_samples": 10, "prior_std": 0.5}
+    assert "reference" not in grid.spec_for(grid.cells()[0], 0, "search", {})
+    assert "reference" not in parse_grid(GRID).spec_for(parse_grid(GRID).cells()[0], 0, "final", {})
+    config = hmc_config(spec["reference"])
+    assert (config["n_chains"], config["n_samples"], config["prior_std"], config["burn_in"]) == (2, 10, 0.5, 200)

@@ -74,6 +74,8 @@ TOP_KEYS = {
     "vectorize_seeds": "the most seeds of one cell trained as one batched computation in one trial "
     f"(a positive integer, default {DEFAULT_VECTORIZE_SEEDS}; 1 runs every seed alone)",
     "search": f"the hyperparameter search phase {sorted(SEARCH_KEYS)}",
+    "reference": "a reference posterior for every classification cell {method: hmc, chains, n_samples, burn_in, "
+    "prior_std, temperature, ...} (docs/fidelity.md)",
 }
 REQUIRED = ("name", "methods", "models", "datasets", "seeds")
 METHOD_KEYS = (
@@ -157,6 +159,9 @@ class Grid:
     max_trials: int = DEFAULT_MAX_TRIALS
     source: str = ""
     """The grid as written (its YAML text), kept beside the results as ``grid.yaml``."""
+    reference: dict[str, Any] | None = None
+    """The validated ``reference`` settings (:mod:`ursa_ray.reference`), carried by every final spec of a
+    classification cell; None: no reference."""
 
     def cells(self) -> list[dict[str, Any]]:
         """(method, model, dataset, complexity) combinations, each a dict ready for trial specs."""
@@ -229,6 +234,8 @@ class Grid:
         }
         if phase == "search" and self.search is not None:
             spec["validation_fraction"] = self.search.validation_fraction
+        if phase == "final" and self.reference is not None and spec["task"] == "classification":
+            spec["reference"] = self.reference
         spec["vectorize_seeds"] = self.vectorized_seeds(m, cell["model"].name) if phase == "final" else 1
         spec["trial_id"] = trial_id(spec)
         return spec
@@ -711,6 +718,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     max_failures = _int(path, "max_failures", raw.get("max_failures", 0), 0)
     vectorize_seeds = _int(path, "vectorize_seeds", raw.get("vectorize_seeds", DEFAULT_VECTORIZE_SEEDS), 1)
     search = parse_search_settings(path, raw.get("search"), _fail)
+    reference = _parse_reference(path, raw.get("reference"))
     if search is None and any(m.search_space for m in method_entries):
         raise _fail(path, "search", "methods declare search spaces but the grid has no search block")
 
@@ -761,6 +769,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         vectorize_seeds=vectorize_seeds,
         max_trials=max_trials,
         source=yaml.safe_dump(raw, sort_keys=False),
+        reference=reference,
     )
     n_final = grid.n_final_trials()
     if n_final > max_trials:
@@ -769,6 +778,19 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
             f"max_trials ({max_trials:,}); use fewer seeds or cells, or set max_trials: {n_final} to run them all",
         )
     return grid
+
+
+def _parse_reference(path: str, raw: Any) -> dict[str, Any] | None:
+    """The grid-wide ``reference`` block (None when absent): keys from :func:`ursa_ray.reference.declared_settings`
+    with their ranges, the unset ones left to :data:`ursa_ray.reference.SETTINGS_DEFAULTS` and HMC's defaults;
+    a burn-in it cannot afford is not checked here (HMC's adaptation runs within it)."""
+    from ursa_ray import reference
+
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not raw:
+        raise _fail(path, "reference", f"expected a mapping with keys among {', '.join(h.name for h in reference.declared_settings())}")
+    return _check_options(path, "reference", "reference", reference.declared_settings(), raw)
 
 
 CORRUPTION_KEYS = ("types", "severities", "n_examples")
@@ -878,6 +900,36 @@ def check_data(grid: Grid) -> None:
             spec.check(root, d.ood)
         except data.base.DatasetMissing as exc:
             raise GridError(f"{grid.path}: datasets[{i}]: {exc}") from None
+    if grid.reference is not None:
+        _check_reference_fits(grid, root)
+
+
+def _check_reference_fits(grid: Grid, root: Path) -> None:
+    """Refuse a reference on a classification (model, dataset) whose full-batch memory estimate
+    (:func:`ursa_ray.reference.full_batch_bytes`) exceeds :data:`ursa_ray.reference.MAX_FULL_BATCH_BYTES`;
+    each such dataset is loaded once and each model built once on the CPU."""
+    from ursa_ray import reference
+
+    chains = int({**reference.SETTINGS_DEFAULTS, **grid.reference}["chains"])
+    for d in grid.datasets:
+        if d.task != "classification":
+            continue
+        ds = data.dataset_spec(d.name, d.file).load(dict(d.options), (), root, grid.download, 0)
+        for mo in grid.models:
+            model_spec = models.get_model(mo.name)
+            if d.task not in model_spec.tasks:
+                continue
+            kwargs = dict(mo.options)
+            if model_spec.needs_feature_map:
+                kwargs["feature_map"] = ds.feature_map
+            n_params = sum(p.numel() for p in model_spec.build(ds.input_shape, ds.n_outputs, **kwargs).parameters())
+            need = reference.full_batch_bytes(len(ds.train_y), math.prod(ds.input_shape), n_params, chains)
+            if need > reference.MAX_FULL_BATCH_BYTES:
+                raise _fail(
+                    grid.path, "reference", f"full-batch HMC on {mo.name}/{d.name} needs at least {need / 2**20:,.0f} MiB "
+                    f"({len(ds.train_y):,} training inputs of {math.prod(ds.input_shape):,} values and {chains} chains of "
+                    f"{n_params:,} parameters); the limit is {reference.MAX_FULL_BATCH_BYTES / 2**20:,.0f} MiB",
+                )
 
 
 def _check_file_dataset(grid: Grid, index: int, entry: DatasetEntry) -> None:

@@ -42,7 +42,7 @@ import torch
 from ursa_ray.evaluation import ClassificationPredictive, RegressionPredictive
 from ursa_ray.evaluation import fidelity
 from ursa_ray.methods import get_method
-from ursa_ray.methods.base import resolve_config
+from ursa_ray.methods.base import Hyperparameter, resolve_config
 from ursa_ray.results import Location
 from ursa_ray.trial import TrialRun, predict
 
@@ -53,6 +53,32 @@ SETTINGS_DEFAULTS: dict[str, Any] = {"method": "hmc", "chains": 4, "n_samples": 
 """Reference settings a grid may leave out (``prior_std`` and ``temperature`` default to HMC's own)."""
 
 METADATA_KEY = b"ursa_ray.reference"
+
+OWN_SETTINGS = (
+    Hyperparameter("method", str, "hmc", "the reference's sampler (the existing full-batch HMC)", choices=("hmc",)),
+    Hyperparameter("chains", int, 4, "chains (at least 2: R-hat and the noise floor compare chains)", low=2),
+    Hyperparameter("seed", int, 0, "the reference trial's seed (its data, initialisations, draws)", low=0, high=2**31 - 1),
+    Hyperparameter("rhat_max", float, fidelity.RHAT_MAX, "converged only when the largest split-R-hat is at most this", low=1.0),
+    Hyperparameter("ess_min", float, fidelity.ESS_MIN, "converged only when the smallest bulk ESS is at least this", low=0.0),
+)
+"""The reference's own settings; every HMC hyperparameter but ``n_chains`` may be given too."""
+
+
+def declared_settings() -> tuple[Hyperparameter, ...]:
+    """Every key a grid's ``reference`` block may hold: :data:`OWN_SETTINGS` and HMC's hyperparameters
+    (``n_samples`` per chain, ``burn_in``, ``prior_std``, ``temperature``, ...) except ``n_chains``."""
+    return OWN_SETTINGS + tuple(h for h in get_method("hmc").hyperparameters if h.name != "n_chains")
+
+
+MAX_FULL_BATCH_BYTES = 512 * 2**20
+"""Largest full-batch memory estimate (:func:`full_batch_bytes`) of a cell a grid may ask a reference for."""
+
+
+def full_batch_bytes(n_train: int, input_size: int, n_params: int, n_chains: int) -> int:
+    """A lower estimate of a reference's memory: the training inputs, float32, resident (n_train × input
+    size × 4 bytes), plus each chain's parameters, gradient and momentum (3 × 4 bytes each); activations of
+    the full-batch pass come on top."""
+    return 4 * n_train * input_size + 12 * n_params * n_chains
 
 
 def hmc_config(settings: Mapping[str, Any]) -> dict[str, Any]:
