@@ -91,8 +91,11 @@ CELL_KEYS = ["model", "dataset", "eval_set"]
 def is_ood_set(eval_set: str) -> bool:
     """An OOD set at full precision: not the test, validation or cost set, not a ``SET@SCHEME`` copy (the same
     set evaluated at a lower bit depth), not a ``corrupt:TYPE:SEVERITY`` set (the test set corrupted) and not
-    an ``adv:SET`` or ``transfer:SET`` set (adversarial examples: white box, and crafted on SGD)."""
-    return eval_set not in NOT_OOD_SETS and "@" not in eval_set and not eval_set.startswith(("corrupt:", "adv:", "transfer:"))
+    an ``adv:SET`` or ``transfer:SET`` set (adversarial examples: white box, and crafted on SGD), nor a
+    ``fidelity:SET`` set (a method's fidelity to its cell's reference posterior)."""
+    return eval_set not in NOT_OOD_SETS and "@" not in eval_set and not eval_set.startswith(
+        ("corrupt:", "adv:", "transfer:", "fidelity:")
+    )
 
 
 def final_metrics(metrics: pd.DataFrame, trials: pd.DataFrame, task: str | None = "classification") -> pd.DataFrame:

@@ -15,6 +15,7 @@ import pandas as pd
 from analysis.adversarial_robustness import adversarial_table, plot_accuracy_against_epsilon
 from analysis.bit_depth import bit_depth_table
 from analysis.corruption_shift import corruption_table, corruption_values, plot_corruption_shift
+from analysis.fidelity import fidelity_markdown
 from analysis.composites import COMPOSITES, better_direction, composite_coverage, is_ood_set, per_cell_table
 from analysis.intervals import interval_text
 from analysis.pareto import pareto_markdown
@@ -147,6 +148,10 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool,
                          f"Means over in-domain cells [{1 - alpha:.0%} interval over seeds, propagated over cells] n=seeds; "
                          "ood_auroc by mutual information, mean over OOD sets.", "",
                          markdown_table(bits)]
+        fidelity_text = fidelity_markdown(metrics, trials)
+        if fidelity_text:
+            sections += ["", "## Fidelity to the reference posterior", "", fidelity_text]
+            printed += ["Fidelity to the reference posterior", fidelity_text]
         pareto_text, pareto_figures = pareto_markdown(scores, figures_dir)
         if pareto_figures:
             figures_extra += pareto_figures

@@ -12,10 +12,10 @@ import pytest
 
 from ursa_ray.evaluation import fidelity
 from ursa_ray.grid import parse_grid
-from ursa_ray.reference import Reference, compute_reference, reference_spec, stored_or_computed
+from ursa_ray.reference import Reference, reference_spec
 from ursa_ray.regression import anchor_for_dataset
 from ursa_ray.results import Location
-from ursa_ray.trial import TrialRun
+from ursa_ray.trial import TrialRun, compute_reference, stored_or_computed
 
 EXACT = {"chains": 4, "n_samples": 750, "burn_in": 200, "prior_std": 1e3, "n_leapfrog": 6, "step_size": 1e-3,
          "step_jitter": 0.9}
@@ -148,3 +148,46 @@ def test_final_specs_of_classification_cells_carry_the_reference_settings():
     assert "reference" not in parse_grid(GRID).spec_for(parse_grid(GRID).cells()[0], 0, "final", {})
     config = hmc_config(spec["reference"])
     assert (config["n_chains"], config["n_samples"], config["prior_std"], config["burn_in"]) == (2, 10, 0.5, 200)
+
+
+def test_a_run_computes_each_cells_reference_first_and_scores_every_final_trial_on_it(ray_session, tmp_path):
+    import pandas as pd
+
+    import ursa_ray
+
+    grid = {
+        "name": "ref_e2e",
+        "methods": ["sgd"],
+        "models": [{"name": "mlp", "options": {"widths": [16]}}],
+        "datasets": [{"name": "digits", "ood": ["digits_inverted"]}],
+        "seeds": 1,
+        "budget": {"epochs": 2},
+        "bit_depths": [],
+        "corruptions": {"types": []},
+        "adversarial": {"attacks": ["fgsm"], "n_examples": 20, "attack_samples": 1, "transfer": False},
+        "reference": {"chains": 2, "n_samples": 20, "burn_in": 10, "prior_std": 0.5, "n_leapfrog": 5},
+    }
+    out = tmp_path / "out"
+    summary = ursa_ray.run(grid, out=out, echo=lambda line: None)
+    assert not summary.failed, summary.failed
+    trials = pd.read_parquet(out / "trials.parquet")
+    ref = trials[trials.phase == "reference"]
+    assert len(ref) == 1 and ref.status.iloc[0] == "ok" and ref.train_s.iloc[0] > 0
+    sgd = trials[trials.phase == "final"]
+    assert ref.finished_at.iloc[0] <= sgd.started_at.iloc[0] + 1e-6  # the reference first, its dependants after
+    assert len(list((out / "references").glob("*.parquet"))) == 1
+    metrics = pd.read_parquet(out / "metrics.parquet")
+    scored = metrics[(metrics.phase == "final") & metrics.eval_set.str.startswith("fidelity:")]
+    assert set(scored.eval_set) == {"fidelity:test", "fidelity:digits_inverted"}
+    table = scored[scored.eval_set == "fidelity:test"].set_index("metric").value
+    assert 0 <= table["agreement"] <= 1 and 0 <= table["total_variation"] <= 1 and table["kl"] >= 0
+    assert {"noise_total_variation", "rhat_max", "ess_bulk_min", "converged"} <= set(table.index)
+    # 20 draws a chain cannot pass ESS >= 100: flagged, not silently used
+    assert table["converged"] == 0.0
+    from analysis.report import write_report
+
+    write_report(out)
+    report = (out / "report.md").read_text()
+    section = report.split("## Fidelity to the reference posterior")[1]
+    assert "### mlp / digits" in section and "**Warning: the reference did not pass" in section
+    assert "noise floor TV" in section and "ref R̂ max" in section and "| sgd |" in section

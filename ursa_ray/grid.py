@@ -202,6 +202,8 @@ class Grid:
                 specs.append(self.spec_for(cell, seed, phase, extra))
         if phase == "final" and self.adversarial["transfer"]:
             _link_transfer_sources(specs)
+        if phase == "final" and self.reference is not None:
+            specs = _link_references(specs, self.reference) + specs
         return specs
 
     def spec_for(self, cell: dict[str, Any], seed: int, phase: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -285,6 +287,32 @@ def _link_transfer_sources(specs: list[dict[str, Any]]) -> None:
         source = sources.get(where(spec))
         if source is not None and source != spec["trial_id"]:
             spec["transfer_from"] = source
+
+
+def _link_references(specs: list[dict[str, Any]], settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The reference trials of final ``specs``: one per classification (model, options, dataset, options, file,
+    OOD sets), phase ``reference`` (:func:`ursa_ray.reference.reference_spec`, cell ``reference/MODEL/DATASET``),
+    made from the first spec of that cell; every spec of the cell gets ``reference_from``: its id.  The run
+    orchestration runs the references first and the others once theirs has finished."""
+    from ursa_ray import reference
+
+    def where(spec: dict[str, Any]) -> str:
+        keys = ("model", "model_options", "dataset", "dataset_options", "dataset_file", "ood")
+        return json.dumps([spec[k] for k in keys], sort_keys=True, default=str)
+
+    made: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        if "reference" not in spec:
+            continue
+        ref = made.get(where(spec))
+        if ref is None:
+            ref = reference.reference_spec(spec, settings)
+            ref.update(cell=f"reference/{spec['model']}/{spec['dataset']}", vectorize_seeds=1)
+            ref.pop("transfer_from", None)
+            ref["trial_id"] = trial_id(ref)
+            made[where(spec)] = ref
+        spec["reference_from"] = ref["trial_id"]
+    return list(made.values())
 
 
 def _layers(entry: MethodEntry, model: str, budget: Mapping[str, int]) -> tuple[tuple[str, dict[str, Any]], ...]:

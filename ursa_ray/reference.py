@@ -3,7 +3,7 @@
 The reference of a (model, dataset) cell is the existing :mod:`~ursa_ray.methods.hmc` method run with the
 grid's reference settings (``chains`` → ``n_chains``, ``n_samples`` per chain, ``burn_in``, ``prior_std``,
 ``temperature``, and any other HMC hyperparameter) through the same :class:`~ursa_ray.trial.TrialRun` as
-every trial (same data, model, likelihood and device; phase ``reference``: the test set and every OOD set,
+every trial (:func:`ursa_ray.trial.compute_reference`; same data, model, likelihood and device; phase ``reference``: the test set and every OOD set,
 no corruptions, attacks or bit depths).  The chains run batched where the network is small (HMC's
 ``n_chains``).  Its stream yields, at each post-burn-in iteration, chain 1's sample, then chain 2's, ...;
 each sample's outputs on every evaluation set are added online to the pooled accumulator of the trial and
@@ -37,14 +37,12 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
-from ursa_ray.evaluation import ClassificationPredictive, RegressionPredictive
+from ursa_ray.data.base import Dataset
 from ursa_ray.evaluation import fidelity
 from ursa_ray.methods import get_method
 from ursa_ray.methods.base import Hyperparameter, resolve_config
 from ursa_ray.results import Location
-from ursa_ray.trial import TrialRun, predict
 
 N_DIAGNOSTIC_EXAMPLES = 25
 """Test examples whose per-draw predictive probabilities (all classes) the convergence check monitors."""
@@ -109,10 +107,10 @@ def fingerprint(spec: Mapping[str, Any], settings: Mapping[str, Any], data_diges
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def data_digest(run: TrialRun) -> str:
-    """sha256 of the training set and of every evaluation set's inputs, as loaded for the trial."""
+def data_digest(ds: Dataset) -> str:
+    """sha256 of a loaded dataset's training inputs and labels, test inputs and OOD inputs (in name order)."""
     h = hashlib.sha256()
-    tensors = [run.problem.x, run.problem.y] + [x for x, _ in run.eval_sets.values()]
+    tensors = [ds.train_x, ds.train_y, ds.test_x] + [ds.ood[name] for name in sorted(ds.ood)]
     for t in tensors:
         h.update(str(tuple(t.shape)).encode())
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
@@ -219,99 +217,3 @@ def read_reference(location: Location) -> Reference:
     if location.is_local:
         return Reference.from_table(pq.read_table(location.local_path))
     return Reference.from_table(pq.read_table(location.path, filesystem=location.fs))
-
-
-def compute_reference(
-    spec: Mapping[str, Any], settings: Mapping[str, Any], device: torch.device | None = None
-) -> Reference:
-    """Run the reference of ``spec``'s cell (see the module docstring) and check it."""
-    return _run_reference(TrialRun(reference_spec(spec, settings), device), spec, settings)
-
-
-def _run_reference(run: TrialRun, spec: Mapping[str, Any], settings: Mapping[str, Any]) -> Reference:
-    """The reference's chains streamed through ``run`` (a :class:`TrialRun` of :func:`reference_spec`)."""
-    merged = {**SETTINGS_DEFAULTS, **settings}
-    if merged["method"] != "hmc":
-        raise ValueError(f"reference method must be 'hmc', got {merged['method']!r}")
-    task = run.ds.task
-    config = run.spec["config"]
-    n_chains = config["n_chains"]
-    n_outputs = run.ds.n_outputs
-
-    def accumulator(n: int) -> Any:
-        return ClassificationPredictive(n, n_outputs, run.device) if task == "classification" else RegressionPredictive(n, run.device)
-
-    per_chain = {name: [accumulator(x.shape[0]) for _ in range(n_chains)] for name, (x, _) in run.eval_sets.items()}
-    draws: list[list[np.ndarray]] = [[] for _ in range(n_chains)]
-    stream = run.method.sample_posterior(run.problem, config, run.stats)
-    train_s = eval_s = 0.0
-    tick = time.perf_counter()
-    for k, predictor in enumerate(stream):
-        if run.device.type == "cuda":
-            torch.cuda.synchronize(run.device)
-        train_s += time.perf_counter() - tick
-        tick = time.perf_counter()
-        chain = k % n_chains
-        for name, (x, _) in run.eval_sets.items():
-            outputs = predict(predictor, x, run.precision)
-            run.accumulators[name].update(outputs)
-            per_chain[name][chain].update(outputs)
-            if name == "test":
-                probe = outputs[:N_DIAGNOSTIC_EXAMPLES].double()
-                probe = torch.softmax(probe, -1) if task == "classification" else probe.reshape(-1)
-                draws[chain].append(probe.cpu().numpy())
-        eval_s += time.perf_counter() - tick
-        tick = time.perf_counter()
-    train_s += time.perf_counter() - tick
-
-    pooled, chains, floors = {}, {}, {}
-    for name, acc in run.accumulators.items():
-        if task == "classification":
-            pooled[name] = acc.mean_probs
-            chains[name] = np.stack([a.mean_probs for a in per_chain[name]])
-            if n_chains > 1:
-                floors[name] = fidelity.noise_floor(chains[name])
-        else:
-            pooled[name] = np.stack([acc.mean, acc.std], axis=1)
-            chains[name] = np.stack([np.stack([a.mean, a.std], axis=1) for a in per_chain[name]])
-            if n_chains > 1:
-                floors[name] = fidelity.regression_noise_floor(chains[name][..., 0], chains[name][..., 1] ** 2)
-    n_draws = min(len(d) for d in draws)
-    checked = fidelity.convergence(
-        np.stack([np.stack(d[:n_draws]) for d in draws]),
-        rhat_max=float(merged.get("rhat_max", fidelity.RHAT_MAX)),
-        ess_min=float(merged.get("ess_min", fidelity.ESS_MIN)),
-    )
-    cost = {
-        "train_s": train_s,
-        "eval_s": eval_s,
-        "setup_s": run.setup_s,
-        "cpu_s": time.process_time() - run.started_cpu,
-        "grad_evals": float(run.stats.get("grad_evals", float("nan"))),
-        "accept_rate": float(run.stats.get("accept_rate", float("nan"))),
-        "n_samples": float(run.stats.get("n_samples", 0)),
-    }
-    return Reference(
-        fingerprint(spec, settings, data_digest(run)),
-        task,
-        pooled,
-        chains,
-        checked,
-        floors,
-        {**merged},
-        cost,
-    )
-
-
-def stored_or_computed(
-    spec: Mapping[str, Any], settings: Mapping[str, Any], references: Location, device: torch.device | None = None
-) -> tuple[Reference, bool]:
-    """The cell's reference from ``references/`` when one with its fingerprint is stored there, else computed
-    and stored; the second value says whether it was computed (the fingerprint hashes the loaded data)."""
-    run = TrialRun(reference_spec(spec, settings), device)
-    where = reference_location(references, fingerprint(spec, settings, data_digest(run)))
-    if where.exists():
-        return read_reference(where), False
-    reference = _run_reference(run, spec, settings)
-    reference_location(references, reference.fingerprint).write_parquet(reference.to_table())
-    return reference, True

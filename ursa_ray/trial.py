@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ursa_ray import data, methods, models
+from ursa_ray import data, methods, models, reference
 from ursa_ray.methods import batched
 from ursa_ray.evaluation import (
     ClassificationPredictive,
@@ -44,6 +44,7 @@ from ursa_ray.evaluation.adversarial import (
     examples_to_bytes,
     set_name,
 )
+from ursa_ray.evaluation import fidelity
 from ursa_ray.evaluation.corruptions import corrupt
 from ursa_ray.evaluation.precision import evaluation_precision, keep_output_layer_float32
 from ursa_ray.evaluation.predictions import prediction_table
@@ -464,6 +465,8 @@ class TrialRun:
                         values[f"{name}@{scheme}"] = ood_metrics(test, self.at_bit_depth[f"{name}@{scheme}"])
             elif not ds.test_y_observed:  # a regression set from files has no noise-free truth
                 outcome.points = _points(spec, ds, accumulators["test"])
+        if spec["phase"] == "final" and spec.get("reference") is not None and spec.get("references_dir"):
+            values.update(_fidelity(spec, ds, accumulators))
         if "validation" in values:
             outcome.selection = {f"val_{k}": float(v) for k, v in values["validation"].items()}
 
@@ -580,6 +583,54 @@ def run_trials_batched(specs: list[Mapping[str, Any]], device: torch.device | No
     return outcomes
 
 
+def _fidelity(spec: Mapping[str, Any], ds: data.base.Dataset, accumulators: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``fidelity:SET`` metrics of the trial's predictive on the test and OOD sets against its cell's stored
+    reference (:meth:`ursa_ray.reference.Reference.metrics`), found by fingerprint in ``spec["references_dir"]``;
+    none when no reference with this cell's fingerprint is stored (its reference trial failed)."""
+    key = reference.fingerprint(spec, spec["reference"], reference.data_digest(ds))
+    stored = reference.reference_location(Location.parse(spec["references_dir"]), key)
+    if not stored.exists():
+        return {}
+    ref = reference.read_reference(stored)
+    return {f"fidelity:{name}": ref.metrics(name, accumulators[name]) for name in ref.pooled if name in accumulators}
+
+
+def run_reference_trial(spec: Mapping[str, Any], device: torch.device | None = None) -> TrialOutcome:
+    """A reference trial (phase ``reference``, :func:`ursa_ray.grid._link_references`): its cell's reference
+    reused from ``spec["references_dir"]`` or computed and stored there (:func:`stored_or_computed`); metric rows
+    ``reference:SET`` (its noise floor ``noise_*``, ``rhat_max``, ``ess_bulk_min``, ``converged``) and ``cost``
+    (``computed``: 1 when this trial ran the chains, 0 when it reused them; the stored run's cost either way)."""
+    started_cpu = time.process_time()
+    ref, computed = stored_or_computed(spec, spec["reference"], Location.parse(spec["references_dir"]), device)
+    values = {
+        f"reference:{name}": {**{f"noise_{k}": v for k, v in floor.items()}, **ref.convergence.as_metrics()}
+        for name, floor in ref.noise_floor.items()
+    }
+    values["cost"] = {**ref.cost, "computed": float(computed)}
+    base = {k: spec[k] for k in ("trial_id", "model", "dataset", "phase")} | {"method": spec["label"], "seed": int(spec["seed"])}
+    outcome = TrialOutcome(record={})
+    outcome.metrics = [
+        {**base, "eval_set": eval_set, "metric": metric, "value": float(value)}
+        for eval_set, table in values.items()
+        for metric, value in table.items()
+    ]
+    spent = ref.cost if computed else {}
+    outcome.record = {
+        "n_samples": int(ref.cost.get("n_samples", 0)),
+        "setup_s": spent.get("setup_s", 0.0),
+        "train_s": spent.get("train_s", 0.0),
+        "eval_s": spent.get("eval_s", 0.0),
+        "cpu_s": time.process_time() - started_cpu,
+        "device": str(device or pick_device(spec["resources"]["gpu"])),
+        "grad_evals": float(ref.cost.get("grad_evals", math.nan)) if computed else 0.0,
+        "accept_rate": float(ref.cost.get("accept_rate", math.nan)),
+        "method_stats": json.dumps({"fingerprint": ref.fingerprint, "computed": computed, **ref.convergence.as_metrics()}, sort_keys=True),
+        "transfer_from": "",
+        "seeds_in_trial": 1,
+    }
+    return outcome
+
+
 def _evaluate(ds: data.base.Dataset, pred: Any, targets: Tensor, eval_set: str) -> dict[str, float]:
     """In-domain metrics of the accumulated posterior predictive against labels, or for regression against
     the noise-free truth (the test set's targets: epistemic metrics) or noisy observations (the validation
@@ -605,3 +656,100 @@ def _points(spec: Mapping[str, Any], ds: data.base.Dataset, pred: RegressionPred
         anchor_id = f"blr-{spec['dataset']}-c{complexity:g}-s{spec['seed']}"
         frames.append(anchor_points(ds, trial_id=anchor_id, **where))
     return pd.concat(frames, ignore_index=True).to_dict("records")
+
+
+def compute_reference(
+    spec: Mapping[str, Any], settings: Mapping[str, Any], device: torch.device | None = None
+) -> reference.Reference:
+    """Run the reference of ``spec``'s cell (:mod:`ursa_ray.reference`: the existing HMC with the grid's
+    reference settings, its chains' predictives accumulated online) and check it."""
+    return _run_reference(TrialRun(reference.reference_spec(spec, settings), device), spec, settings)
+
+
+def _run_reference(run: TrialRun, spec: Mapping[str, Any], settings: Mapping[str, Any]) -> reference.Reference:
+    """The reference's chains streamed through ``run`` (a :class:`TrialRun` of :func:`reference_spec`)."""
+    merged = {**reference.SETTINGS_DEFAULTS, **settings}
+    if merged["method"] != "hmc":
+        raise ValueError(f"reference method must be 'hmc', got {merged['method']!r}")
+    task = run.ds.task
+    config = run.spec["config"]
+    n_chains = config["n_chains"]
+    n_outputs = run.ds.n_outputs
+
+    def accumulator(n: int) -> Any:
+        return ClassificationPredictive(n, n_outputs, run.device) if task == "classification" else RegressionPredictive(n, run.device)
+
+    per_chain = {name: [accumulator(x.shape[0]) for _ in range(n_chains)] for name, (x, _) in run.eval_sets.items()}
+    draws: list[list[np.ndarray]] = [[] for _ in range(n_chains)]
+    stream = run.method.sample_posterior(run.problem, config, run.stats)
+    train_s = eval_s = 0.0
+    tick = time.perf_counter()
+    for k, predictor in enumerate(stream):
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        train_s += time.perf_counter() - tick
+        tick = time.perf_counter()
+        chain = k % n_chains
+        for name, (x, _) in run.eval_sets.items():
+            outputs = predict(predictor, x, run.precision)
+            run.accumulators[name].update(outputs)
+            per_chain[name][chain].update(outputs)
+            if name == "test":
+                probe = outputs[: reference.N_DIAGNOSTIC_EXAMPLES].double()
+                probe = torch.softmax(probe, -1) if task == "classification" else probe.reshape(-1)
+                draws[chain].append(probe.cpu().numpy())
+        eval_s += time.perf_counter() - tick
+        tick = time.perf_counter()
+    train_s += time.perf_counter() - tick
+
+    pooled, chains, floors = {}, {}, {}
+    for name, acc in run.accumulators.items():
+        if task == "classification":
+            pooled[name] = acc.mean_probs
+            chains[name] = np.stack([a.mean_probs for a in per_chain[name]])
+            if n_chains > 1:
+                floors[name] = fidelity.noise_floor(chains[name])
+        else:
+            pooled[name] = np.stack([acc.mean, acc.std], axis=1)
+            chains[name] = np.stack([np.stack([a.mean, a.std], axis=1) for a in per_chain[name]])
+            if n_chains > 1:
+                floors[name] = fidelity.regression_noise_floor(chains[name][..., 0], chains[name][..., 1] ** 2)
+    n_draws = min(len(d) for d in draws)
+    checked = fidelity.convergence(
+        np.stack([np.stack(d[:n_draws]) for d in draws]),
+        rhat_max=float(merged.get("rhat_max", fidelity.RHAT_MAX)),
+        ess_min=float(merged.get("ess_min", fidelity.ESS_MIN)),
+    )
+    cost = {
+        "train_s": train_s,
+        "eval_s": eval_s,
+        "setup_s": run.setup_s,
+        "cpu_s": time.process_time() - run.started_cpu,
+        "grad_evals": float(run.stats.get("grad_evals", float("nan"))),
+        "accept_rate": float(run.stats.get("accept_rate", float("nan"))),
+        "n_samples": float(run.stats.get("n_samples", 0)),
+    }
+    return reference.Reference(
+        reference.fingerprint(spec, settings, reference.data_digest(run.ds)),
+        task,
+        pooled,
+        chains,
+        checked,
+        floors,
+        {**merged},
+        cost,
+    )
+
+
+def stored_or_computed(
+    spec: Mapping[str, Any], settings: Mapping[str, Any], references: Location, device: torch.device | None = None
+) -> tuple[reference.Reference, bool]:
+    """The cell's reference from the ``references`` folder when one with its fingerprint is stored there, else
+    computed and stored (atomically); the second value says whether it was computed."""
+    run = TrialRun(reference.reference_spec(spec, settings), device)
+    where = reference.reference_location(references, reference.fingerprint(spec, settings, reference.data_digest(run.ds)))
+    if where.exists():
+        return reference.read_reference(where), False
+    computed = _run_reference(run, spec, settings)
+    where.write_parquet(computed.to_table())
+    return computed, True

@@ -136,7 +136,7 @@ def assigned_gpu_ids() -> str:
 def _run(specs: list[dict[str, Any]], progress: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(record, files) of each spec.  Every failure becomes a failed record, never a lost grid; a batched
     run that fails is rerun one seed at a time, so that only the seeds that fail alone are recorded failed."""
-    from ursa_ray.trial import run_trial, run_trials_batched
+    from ursa_ray.trial import run_reference_trial, run_trial, run_trials_batched
 
     if len(specs) > 1:
         try:
@@ -146,6 +146,9 @@ def _run(specs: list[dict[str, Any]], progress: Any) -> list[tuple[dict[str, Any
     results = []
     for spec in specs:
         try:
+            if spec["phase"] == "reference":  # a cell's reference posterior (ursa_ray.reference)
+                results.append(_succeeded(run_reference_trial(spec)))
+                continue
             results.append(_succeeded(run_trial(spec, progress=progress)))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a failed row, never a lost grid
             results.append(({"status": "failed", "error": f"{type(exc).__name__}: {exc}"}, {}))

@@ -39,7 +39,7 @@ from ray.tune.search import Searcher
 from ray.tune.stopper import NoopStopper
 
 from ursa_ray.grid import Grid, GridError
-from ursa_ray.results import ResultsDirectory, transfer_examples_location
+from ursa_ray.results import Location, ResultsDirectory, transfer_examples_location
 from ursa_ray.tune.progress import Progress
 from ursa_ray.tune.trainable import config_specs, pack, placement, request, run_ursa_trial
 
@@ -553,6 +553,9 @@ class SpecQueue(Searcher):
     for every variant it generates: quadratic in the number of trials (minutes before the first trial of
     a 6,800-trial grid starts).  This is linear.
 
+    Reference trials (phase ``reference``) go before everything, and a trial of their cell
+    (``reference_from``) waits for its reference as a transfer attack's trial waits for its source; each
+    spec with ``reference`` settings gets ``references_dir``, the ``references/`` folder of ``results_uri``.
     The transfer attack's order: transfer sources (``transfer_source``) go first, trials that need none
     next, and a trial scored on a source's examples (``transfer_from``) waits until its seeds' sources are
     complete (``suggest`` returns None meanwhile; Tune asks again), then gets ``transfer_examples``, the
@@ -565,11 +568,15 @@ class SpecQueue(Searcher):
         super().__init__()
 
         def rank(group: list[dict[str, Any]]) -> int:
+            if group[0]["phase"] == "reference":
+                return -1
             return 0 if group[0].get("transfer_source") else 2 if "transfer_from" in group[0] else 1
 
         self._groups = sorted(groups, key=rank)
         self._results_uri = results_uri
-        self._unfinished_sources = {s["trial_id"] for g in groups for s in g if s.get("transfer_source")}
+        self._unfinished_sources = {
+            s["trial_id"] for g in groups for s in g if s.get("transfer_source") or s["phase"] == "reference"
+        }
         self._running: dict[str, list[str]] = {}  # Tune trial id -> its specs' trial ids
         self._next = 0
 
@@ -577,13 +584,18 @@ class SpecQueue(Searcher):
         if self._next >= len(self._groups):
             return Searcher.FINISHED
         group = self._groups[self._next]
-        if any(spec.get("transfer_from") in self._unfinished_sources for spec in group):
+        if any(
+            spec.get("transfer_from") in self._unfinished_sources or spec.get("reference_from") in self._unfinished_sources
+            for spec in group
+        ):
             return None
         self._next += 1
         self._running[trial_id] = [spec["trial_id"] for spec in group]
         return {"specs": pack([self._with_examples(spec) for spec in group])}
 
     def _with_examples(self, spec: dict[str, Any]) -> dict[str, Any]:
+        if "reference" in spec:  # where its cell's reference is stored (by fingerprint)
+            spec = {**spec, "references_dir": (Location.parse(self._results_uri) / "references").uri}
         if "transfer_from" not in spec:
             return spec
         saved = transfer_examples_location(self._results_uri, spec["transfer_from"])
