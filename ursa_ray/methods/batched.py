@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from ursa_ray.evaluation.precision import Float32Linear
 from ursa_ray.methods._training import minimise
 from ursa_ray.methods.base import Likelihood, Problem, flat_parameters, view_as_parameter
 
@@ -104,6 +105,7 @@ class StackedNetworks:
                 p.data = view_as_parameter(self.theta[c, offset : offset + n], p)
                 offset += n
         self._forward = vmap(self._one, randomness="different")
+        self._forward_with_features = vmap(self._one_with_features, randomness="different")
         self._layers = _plain_layers(self.template)
 
     def parameters(self) -> dict[str, Tensor]:
@@ -138,25 +140,36 @@ class StackedNetworks:
 
     def forward_with_features(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Outputs of every copy and the inputs of their output layer (the last ``nn.Linear``), (C, B, F):
-        the penultimate features.  Plain MLPs only (ValueError for a network ``vmap`` runs)."""
+        the penultimate features.  A plain MLP as batched matrix products; any other network through
+        ``vmap(functional_call)`` with a forward hook on its output layer."""
         if self._layers is None:
-            raise ValueError("the features of batched copies are available for plain MLPs only")
+            return self._forward_with_features(self._leaves, x)
         params = self._leaves
         h = features = x
         for name, layer in self._layers:
             if isinstance(layer, nn.Linear):
                 features = h
-                weight = params[f"{name}.weight"]
-                bias = params.get(f"{name}.bias")
-                if bias is None:
-                    h = torch.bmm(h, weight.transpose(1, 2))
+                weight, bias = params[f"{name}.weight"], params.get(f"{name}.bias")
+                if isinstance(layer, Float32Linear):  # float32 under autocast too, as the layer computes
+                    with torch.autocast(h.device.type, enabled=False):
+                        h = _batched_linear(h.float(), weight.float(), None if bias is None else bias.float())
                 else:
-                    h = torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
+                    h = _batched_linear(h, weight, bias)
             elif isinstance(layer, nn.Flatten):
                 h = h.reshape(h.shape[0], h.shape[1], -1)
             else:  # ReLU, or Dropout: elementwise, so each copy gets its own mask
                 h = layer(h)
         return h, features
+
+    def _one_with_features(self, params: dict[str, Tensor], x: Tensor) -> tuple[Tensor, Tensor]:
+        kept: list[Tensor] = []
+        output_layer = [m for m in self.template.modules() if isinstance(m, nn.Linear)][-1]
+        handle = output_layer.register_forward_hook(lambda module, inputs, output: kept.append(inputs[0]))
+        try:
+            outputs = functional_call(self.template, params, (x,))
+        finally:
+            handle.remove()
+        return outputs, kept[-1]
 
     def train(self, mode: bool = True) -> None:
         """Training (or evaluation) mode for every copy; the batched forward follows the template's mode."""
@@ -164,14 +177,23 @@ class StackedNetworks:
             model.train(mode)
 
 
+def _batched_linear(h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """y_c = h_c W_cᵀ + b_c for every copy c: (C, B, in), (C, out, in), (C, out) → (C, B, out)."""
+    if bias is None:
+        return torch.bmm(h, weight.transpose(1, 2))
+    return torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
+
+
 def _plain_layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
     """The named layers of ``model`` when it is an ``nn.Sequential`` of Flatten (of the whole input),
-    Linear, ReLU and Dropout layers only, else None."""
+    Linear, ReLU and Dropout layers only, else None.  A linear layer is an ``nn.Linear`` or the
+    :class:`~ursa_ray.evaluation.precision.Float32Linear` a GPU trial makes of the output layer (computed
+    in float32 here too); any other subclass may compute something else, so it is not plain."""
     if type(model) is not nn.Sequential:
         return None
     layers = list(model.named_children())
     for _, layer in layers:
-        if type(layer) not in (nn.Linear, nn.ReLU, nn.Dropout) and not (
+        if type(layer) not in (nn.Linear, Float32Linear, nn.ReLU, nn.Dropout) and not (
             type(layer) is nn.Flatten and layer.start_dim == 1 and layer.end_dim == -1
         ):
             return None

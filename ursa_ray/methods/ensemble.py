@@ -2,15 +2,16 @@
 
 M = ``n_samples`` members, each a fresh ``problem.make_model()`` (its own random initialisation), each
 trained by SGD on the mean negative log-likelihood.  The predictive is the average of the members'
-predictives.  Small networks (:func:`~ursa_ray.methods.batched.can_batch`) train all M members as one
-batched computation, each member with its own generator (:func:`~ursa_ray.methods.batched.copy_generators`:
-its mini-batch order and bootstrap resample); larger ones train one member after another, each yielded
-as soon as it is trained, so only one is alive at a time.
+predictives.  Each member draws its bootstrap resample and mini-batch order from its own generator
+(:func:`~ursa_ray.methods.batched.copy_generators`).  Small networks
+(:func:`~ursa_ray.methods.batched.can_batch`) train all M members as one batched computation; larger ones
+train one member after another (the same streams, so each member is what it is batched), each yielded as
+soon as it is trained, so only one is alive at a time.
 
 Options (the variants of the deep-regression benchmark):
 
 - ``bootstrap``: each member trains on its own bootstrap resample of the training set (N indices drawn
-  with replacement from ``problem.generator``) — "EnsBS".
+  with replacement from the member's generator) — "EnsBS".
 - ``adversarial_epsilon`` = ε > 0: fast-gradient-sign adversarial training — "EnsAdvA".  Each step
   computes x' = x + δ ⊙ sign(∇ₓ ℓ(x)) with δ = ε · (per-feature standard deviation of the training
   inputs) and minimises ½ ℓ(x) + ½ ℓ(x') (Goodfellow et al.'s α = ½; Lakshminarayanan et al. sum the two,
@@ -38,13 +39,6 @@ from ursa_ray.methods.batched import (
     copy_generators,
     train_sgd_copies,
 )
-
-
-def bootstrap_problem(problem: Problem) -> Problem:
-    """``problem`` with its training set replaced by N examples drawn with replacement."""
-    index = torch.randint(problem.n_train, (problem.n_train,), generator=problem.generator, device="cpu")
-    index = index.to(problem.x.device)
-    return dataclasses.replace(problem, x=problem.x[index], y=problem.y[index])
 
 
 def input_step_size(x: Tensor, epsilon: float) -> Tensor:
@@ -105,9 +99,13 @@ class DeepEnsemble:
         step = input_step_size(problem.x, epsilon) if epsilon > 0 else None
         unused = [first]  # built to see whether the network batches: member 0, not kept alive beyond it
         del first
-        for m in range(config["n_samples"]):
+        n = problem.n_train
+        for m, generator in enumerate(copy_generators(problem, config["n_samples"])):  # the batched members' streams
             model = unused.pop() if unused else problem.make_model()
-            member_problem = bootstrap_problem(problem) if config["bootstrap"] else problem
+            member_problem = dataclasses.replace(problem, generator=generator)
+            if config["bootstrap"]:
+                index = torch.randint(n, (n,), generator=generator, device="cpu").to(problem.x.device)
+                member_problem = dataclasses.replace(member_problem, x=problem.x[index], y=problem.y[index])
             if step is None:
                 train_sgd(model, member_problem, config, stats)
             else:
