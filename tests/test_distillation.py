@@ -4,6 +4,7 @@ posterior of Bayesian linear regression while the student trains, and the cost a
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 
 import numpy as np
@@ -19,12 +20,17 @@ from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time, forwar
 from ursa_ray.grid import GridError, parse_grid
 from ursa_ray.methods import get_method
 from ursa_ray.methods.base import Categorical, Problem, check_constraints, flat_parameters, resolve_config
+from ursa_ray.evaluation.precision import keep_output_layer_float32
 from ursa_ray.methods.distillation import (
     ExpectationStudent,
     StudentTrainer,
     bdk_loss,
+    expectation_loss,
+    expected_entropy,
+    gaussian_kl,
     gped_loss,
     interleaved_distillation,
+    soft_cross_entropy,
 )
 from ursa_ray.models.mlp import build_mlp
 from ursa_ray.trial import run_trial
@@ -103,27 +109,140 @@ def test_the_student_matches_a_fixed_teachers_predictive(name):
 
 
 def test_gped_head_ranks_inputs_like_the_teachers_expected_entropy_and_hands_over_mutual_information():
+    """The distilled mutual information ranks the test inputs as the teacher's does.  Measured: Spearman 0.75,
+    no input clipped to MI 0.  With h a free softplus head (the old parameterisation) h and the student's
+    H[s] erred independently by more than most inputs' MI (median 0.009 nats): 54% clipped to 0, Spearman
+    0.59, which this test rejects."""
     _, test_x = digits_problem()
     student = distilled("gped")
     teacher_probs, teacher_entropy = teacher_expectations(test_x)
     with torch.no_grad():
         logits, head = student.outputs(test_x)
-        assert torch.equal(student.distilled_expected_entropy(test_x), head)
+        assert torch.equal(student.distilled_expected_entropy(test_x), head.clamp_min(0.0))
         assert torch.equal(student(test_x), logits)
     rho = spearmanr(head.numpy(), teacher_entropy.numpy()).statistic
     print(f"Spearman(head, teacher expected entropy) = {rho:.3f}")
     assert rho >= 0.8
     handed = ClassificationPredictive(len(test_x), 10)
-    handed.update(logits, head)
-    np.testing.assert_allclose(handed.expected_entropy, head.double().numpy())
+    handed.update(logits, head.clamp_min(0.0))
+    np.testing.assert_allclose(handed.expected_entropy, head.clamp_min(0.0).double().numpy())
     mi = handed.mutual_information
     teacher_mi = (torch.special.entr(teacher_probs).sum(-1) - teacher_entropy).numpy()
-    print(f"MI > 0 on {np.mean(mi > 0):.2f} of the test inputs; Spearman(MI, teacher MI) = "
-          f"{spearmanr(mi, teacher_mi).statistic:.3f}")
-    assert np.mean(mi > 0) > 0.1 and mi.max() > 0.05
+    rho_mi = spearmanr(mi, teacher_mi).statistic
+    print(f"MI > 0 on {np.mean(mi > 0):.2f} of the test inputs; Spearman(MI, teacher MI) = {rho_mi:.3f}")
+    assert rho_mi >= 0.7
+    assert np.mean(mi > 0) > 0.95 and mi.max() > 0.05
     plain = ClassificationPredictive(len(test_x), 10)  # the same sample without its head: S = 1, MI exactly 0
     plain.update(logits)
     assert np.all(plain.mutual_information == 0.0)
+
+
+def test_distillation_losses_against_hand_computations():
+    """Each loss formula shared by the lone and the batched students, on numbers worked by hand; a leading
+    copy dimension gives one loss per copy.  Catches swapped teacher and student in the cross-entropy, a sum
+    in place of a mean, a missing ½ or σ² in the Gaussian KL, and a wrong target or sign in GPED's loss."""
+    log = np.log
+    # teacher logits (0, log 3): p_t = (1/4, 3/4); student logits (log 2, 0): s = (2/3, 1/3)
+    teacher = torch.tensor([[0.0, log(3)], [0.0, 0.0]])
+    student = torch.tensor([[log(2), 0.0], [0.0, 0.0]])
+    row0 = -(0.25 * log(2 / 3) + 0.75 * log(1 / 3))
+    row1 = log(2)  # uniform teacher and student: −Σ ½ log ½
+    assert soft_cross_entropy(student, teacher).item() == pytest.approx((row0 + row1) / 2, rel=1e-6)
+    copies = soft_cross_entropy(torch.stack([student, student[[1, 0]]]), torch.stack([teacher, teacher]))
+    assert copies.shape == (2,)
+    crossed = -(0.25 * log(0.5) + 0.75 * log(0.5)) - (0.5 * log(2 / 3) + 0.5 * log(1 / 3))  # rows swapped
+    assert copies.tolist() == pytest.approx([(row0 + row1) / 2, crossed / 2], rel=1e-6)
+
+    # (f_s − f_t)²/(2σ²) averaged over examples and outputs: ((1 − 0.5)² + (3 − 1)²)/2 / (2 · 0.25) = 4.25
+    f_s, f_t = torch.tensor([[1.0], [3.0]]), torch.tensor([[0.5], [1.0]])
+    assert gaussian_kl(f_s, f_t, 0.5).item() == pytest.approx(4.25, rel=1e-6)
+    assert gaussian_kl(torch.stack([f_s, f_t]), torch.stack([f_t, f_t]), 0.5).tolist() == pytest.approx([4.25, 0.0])
+
+    # GPED: cross-entropy + mean squared error of h against the teacher sample's entropy H[p_t]
+    teacher_entropy = [-(0.25 * log(0.25) + 0.75 * log(0.75)), log(2)]
+    h = torch.tensor([0.3, 0.9])
+    expected = (row0 + row1) / 2 + ((0.3 - teacher_entropy[0]) ** 2 + (0.9 - teacher_entropy[1]) ** 2) / 2
+    assert expectation_loss(student, h, teacher).item() == pytest.approx(expected, rel=1e-6)
+
+    # h = H[s] − softplus(g): g = 0 gives H[s] − log 2, g = log(e − 1) gives H[s] − 1; no gradient reaches
+    # the logits through H[s]
+    logits = student.clone().requires_grad_(True)
+    g = torch.tensor([[0.0], [log(np.e - 1)]], requires_grad=True)
+    h = expected_entropy(logits, g)
+    student_entropy = [-(2 / 3 * log(2 / 3) + 1 / 3 * log(1 / 3)), log(2)]
+    assert h.tolist() == pytest.approx([student_entropy[0] - log(2), student_entropy[1] - 1.0], rel=1e-6)
+    h.sum().backward()
+    assert logits.grad is None or torch.all(logits.grad == 0)
+    assert g.grad.squeeze(-1).tolist() == pytest.approx([-0.5, -(np.e - 1) / np.e], rel=1e-6)  # −sigmoid(g)
+
+
+def test_gped_heads_stay_float32_under_bfloat16_autocast():
+    """On a GPU evaluation runs the body under bfloat16 autocast with the output layer in float32
+    (``keep_output_layer_float32``); GPED's expected-entropy head must stay float32 too.  h(x) under a CPU
+    bfloat16 autocast equals its float32 computation from the same (bfloat16-body) features to float32
+    precision, and keeps its 2,000 distinct values.  A head computed in bfloat16 (8 significant bits) had
+    errors up to ~1e-2 and collapsed the values to a few hundred."""
+    torch.manual_seed(0)
+    network = keep_output_layer_float32(build_mlp((64,), 10, [64]), 10)
+    student = ExpectationStudent(network).eval()
+    with torch.no_grad():
+        student.entropy_head.weight.normal_(0.0, 0.3)
+        student.entropy_head.bias.fill_(-1.0)
+    x = torch.randn(2000, 64)
+    features: list[torch.Tensor] = []
+    handle = network[-1].register_forward_hook(lambda module, inputs, output: features.append(inputs[0]))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = student(x)
+        h = student.distilled_expected_entropy(x)
+    handle.remove()
+    assert logits.dtype == h.dtype == torch.float32
+    phi = features[-1].float()
+    knowledge = phi @ student.entropy_head.weight.T + student.entropy_head.bias
+    reference = torch.special.entr(torch.softmax(logits, -1)).sum(-1) - torch.nn.functional.softplus(knowledge).squeeze(-1)
+    torch.testing.assert_close(h, reference.clamp_min(0.0), rtol=1e-5, atol=1e-6)
+    assert len(torch.unique(h)) >= 1990
+
+
+def test_the_student_draws_its_inputs_and_augmentation_from_its_own_stream():
+    """The student's mini-batches, noise and augmentation come from its own generator, seeded once from
+    the problem's: the teacher's stream (mini-batch order, augmentation) is not drawn from by student steps,
+    and the same problem seed gives the same student inputs.  Catches augmentation drawn from
+    ``problem.generator`` (the teacher's stream), the old behaviour."""
+    problem, _ = digits_problem(seed=3)
+    seen: list[torch.Generator] = []
+
+    def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        seen.append(generator)
+        return x + torch.rand(x.shape, generator=generator)
+
+    problem = dataclasses.replace(problem, augment=augment)
+    config = resolve_config(get_method("bdk"), {"batch_size": 16})
+    trainer = StudentTrainer(problem.make_model(), bdk_loss(problem), problem, config)
+    teacher_stream = problem.generator.get_state()
+    first = trainer.inputs()
+    trainer.step(problem.make_model())
+    assert torch.equal(problem.generator.get_state(), teacher_stream)
+    assert seen and all(g is trainer.generator for g in seen)
+    again, _ = digits_problem(seed=3)
+    again = dataclasses.replace(again, augment=augment)
+    assert torch.equal(StudentTrainer(again.make_model(), bdk_loss(again), again, config).inputs(), first)
+
+
+@pytest.mark.parametrize("name", ["bdk", "gped"])
+def test_distillation_on_a_regression_dataset_is_refused_by_validation(name):
+    """The student is one sample: on a Gaussian likelihood it would report zero epistemic uncertainty, so
+    a grid naming bdk or gped on a regression dataset is refused before any trial, in one line naming the
+    method entry; restricted to classification datasets it is accepted."""
+    raw = {"name": "distil", "methods": [{"name": "sgd"}, {"name": name}], "models": [{"name": "mlp"}],
+           "datasets": ["digits", {"name": "e1", "complexity": [1]}], "seeds": 1}
+    with pytest.raises(GridError) as refused:
+        parse_grid(raw, "grids/distil.yaml")
+    text = str(refused.value)
+    assert "\n" not in text
+    assert text == (f"grids/distil.yaml: methods[1]: method {name!r} supports classification datasets only, not the "
+                    "regression dataset 'e1'; restrict it with 'datasets:'")
+    raw["methods"][1]["datasets"] = ["digits"]
+    assert len(parse_grid(raw, "grids/distil.yaml").trial_specs()) == 3
 
 
 def test_a_handed_over_expected_entropy_must_have_one_value_per_example():
