@@ -282,3 +282,33 @@ def test_gpu_check_cpu_smoke_runs_every_part_of_issue_33():
     assert "MFU n/a" in out and "MFU denominator" in out
     assert "concurrency: 2 trials sgd/mlp/e1" in out and "throughput gain" in out
     assert "smoke (not judged)" in out
+
+
+# --- the grid key ``precision`` ----------------------------------------------------------------------------
+
+
+def test_grid_precision_reaches_the_problem_and_the_trial_record():
+    """``precision`` in a grid: checked before any trial (one line naming the field and what is allowed),
+    carried by every trial spec, part of a trial's id only when set (grids without it keep their ids), put
+    on the trial's ``Problem`` and recorded (the ``precision`` column of trials.parquet); absent, a CPU trial
+    trains in float32.  Catches the key dropped anywhere between the grid file and the trials table."""
+    import pyarrow as pa
+
+    from ursa_ray.grid import GridError, parse_grid
+    from ursa_ray.results import TRIAL_SCHEMA
+    from ursa_ray.trial import TrialRun, run_trial
+
+    raw = {"name": "precision", "methods": ["sgd"], "models": [{"name": "mlp", "options": {"widths": [8]}}],
+           "datasets": [{"name": "e1", "complexity": [1]}], "seeds": [0], "budget": {"epochs": 1}}
+    with pytest.raises(GridError, match=r"^<grid>: precision: expected one of bf16-mixed, float32, got 'fp16'$"):
+        parse_grid({**raw, "precision": "fp16"})
+    specs = {p: parse_grid({**raw, "precision": p} if p else raw).trial_specs()[0] for p in (None, *PRECISIONS)}
+    assert [spec["precision"] for spec in specs.values()] == [None, "bf16-mixed", "float32"]
+    assert len({spec["trial_id"] for spec in specs.values()}) == 3
+    cpu = torch.device("cpu")
+    assert TrialRun(specs["bf16-mixed"], cpu).problem.training_precision is BF16
+    assert TrialRun(specs[None], cpu).problem.training_precision is None
+    assert run_trial(specs["bf16-mixed"], cpu).record["precision"] == "bf16-mixed"
+    assert run_trial(specs[None], cpu).record["precision"] == "float32"
+    column = pa.Table.from_pylist([{"trial_id": "t", "precision": "bf16-mixed"}], schema=TRIAL_SCHEMA)["precision"]
+    assert column.to_pylist() == ["bf16-mixed"]

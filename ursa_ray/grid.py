@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from ursa_ray import data, methods, models
+from ursa_ray.methods._training import PRECISIONS
 from ursa_ray.methods.base import BUDGET_KEYS, Constraint, Hyperparameter, resolve_config
 from ursa_ray.registry import RegistryError
 from ursa_ray.evaluation.adversarial import validate_adversarial
@@ -70,6 +71,8 @@ TOP_KEYS = {
     "data_root": "a directory (URSA_DATA overrides it)",
     "download": "true or false: let torchvision download missing data (needs internet)",
     "max_concurrent_trials": "a positive integer",
+    "precision": "training precision: bf16-mixed or float32 (default: bf16-mixed for classification on a GPU, "
+    "float32 otherwise)",
     "max_failures": "retries of a trial whose worker died (non-negative integer)",
     "vectorize_seeds": "the most seeds of one cell trained as one batched computation in one trial "
     f"(a positive integer, default {DEFAULT_VECTORIZE_SEEDS}; 1 runs every seed alone)",
@@ -157,6 +160,8 @@ class Grid:
     search: SearchSettings | None
     vectorize_seeds: int = DEFAULT_VECTORIZE_SEEDS
     max_trials: int = DEFAULT_MAX_TRIALS
+    precision: str | None = None
+    """The grid's ``precision`` (:data:`~ursa_ray.methods._training.PRECISIONS`); None: each trial's default."""
     source: str = ""
     """The grid as written (its YAML text), kept beside the results as ``grid.yaml``."""
     reference: dict[str, Any] | None = None
@@ -227,6 +232,7 @@ class Grid:
             "config": config,
             "save_predictions": self.save_predictions,
             "bit_depths": list(self.bit_depths),
+            "precision": self.precision,
             "corruptions": self.corruptions,
             "adversarial": self.adversarial,
             "data_root": self.data_root,
@@ -342,6 +348,8 @@ def trial_id(spec: dict[str, Any]) -> str:
     content (so changed data is a new trial, and a new grid for :func:`ursa_ray.guard.grid_fingerprint`), but
     not the files' paths (moving the project keeps a results directory resumable)."""
     identity = {k: spec[k] for k in ("phase", "method", "model", "model_options", "dataset", "dataset_options", "ood", "seed", "config")}
+    if spec.get("precision") is not None:  # a grid without the key keeps its trials' ids
+        identity["precision"] = spec["precision"]
     if spec.get("dataset_file") is not None:
         identity["dataset_file"] = {k: v for k, v in spec["dataset_file"].items() if k not in ("path", "ood")}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
@@ -740,6 +748,9 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     data_root = raw.get("data_root")
     if data_root is not None and not isinstance(data_root, str):
         raise _fail(path, "data_root", "expected a directory path (string)")
+    precision = raw.get("precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise _fail(path, "precision", f"expected one of {', '.join(PRECISIONS)}, got {precision!r}")
     max_concurrent = raw.get("max_concurrent_trials")
     if max_concurrent is not None:
         _int(path, "max_concurrent_trials", max_concurrent, 1)
@@ -792,6 +803,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         data_root=data_root,
         download=bool(raw.get("download", False)),
         max_concurrent_trials=max_concurrent,
+        precision=precision,
         max_failures=max_failures,
         search=search,
         vectorize_seeds=vectorize_seeds,

@@ -65,7 +65,7 @@ TRIAL_SCHEMA = pa.schema([
     ("error", pa.string()), ("config", pa.string()), ("wall_s", pa.float64()), ("cpu_s", pa.float64()),
     ("gpu_s", pa.float64()), ("reserved_cpu_s", pa.float64()), ("reserved_gpu_s", pa.float64()),
     ("n_cpus", pa.float64()), ("n_gpus", pa.float64()), ("node", pa.string()), ("node_id", pa.string()),
-    ("worker_pid", pa.int64()), ("device", pa.string()), ("gpu_ids", pa.string()), ("n_samples", pa.int64()), ("worker_setup_s", pa.float64()),
+    ("worker_pid", pa.int64()), ("device", pa.string()), ("precision", pa.string()), ("gpu_ids", pa.string()), ("n_samples", pa.int64()), ("worker_setup_s", pa.float64()),
     ("setup_s", pa.float64()), ("train_s", pa.float64()), ("eval_s", pa.float64()), ("bit_depth_eval_s", pa.float64()),
     ("attack_s", pa.float64()), ("n_params", pa.int64()), ("grad_evals", pa.float64()), ("accept_rate", pa.float64()),
     ("method_stats", pa.string()), ("selection", pa.string()), ("transfer_from", pa.string()),

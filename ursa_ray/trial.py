@@ -47,6 +47,7 @@ from ursa_ray.evaluation.adversarial import (
 from ursa_ray.evaluation import fidelity
 from ursa_ray.evaluation.corruptions import corrupt
 from ursa_ray.evaluation.precision import evaluation_precision, keep_output_layer_float32
+from ursa_ray.methods._training import autocast_dtype, default_precision
 from ursa_ray.evaluation.predictions import prediction_table
 from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time, evaluate_at_bit_depths
 from ursa_ray.methods.base import Categorical, Gaussian, Problem
@@ -322,6 +323,8 @@ class TrialRun:
             model_kwargs["feature_map"] = ds.feature_map
 
         self.precision = precision = evaluation_precision(device, ds.task)
+        self.training_precision = spec.get("precision") or default_precision(device, ds.task)
+        training_dtype = autocast_dtype(self.training_precision)
         self.n_params = 0  # of the model as built (before a method adds its own parameters), set by the first build
         init_state = torch.Generator().manual_seed(seeds["init"]).get_state() if own_init_stream else None
 
@@ -329,7 +332,7 @@ class TrialRun:
             model = model_spec.build(ds.input_shape, ds.n_outputs, **model_kwargs).to(device)
             if device.type == "cuda" and len(ds.input_shape) == 3:
                 model = model.to(memory_format=torch.channels_last)
-            if precision is not None:
+            if precision is not None or training_dtype is not None:
                 keep_output_layer_float32(model, ds.n_outputs)
             self.n_params = self.n_params or sum(p.numel() for p in model.parameters())
             return model
@@ -347,7 +350,7 @@ class TrialRun:
             return model
 
         likelihood = Categorical() if ds.task == "classification" else Gaussian(float(ds.noise_std))
-        self.problem = Problem(train_x, train_y, likelihood, make_model, generator, device, ds.augment)
+        self.problem = Problem(train_x, train_y, likelihood, make_model, generator, device, ds.augment, training_dtype)
         self.method = methods.get_method(spec["method"])
         self.setup_s = time.perf_counter() - start_wall
 
@@ -509,6 +512,7 @@ class TrialRun:
             "attack_s": self.attack_s,
             "cpu_s": time.process_time() - self.started_cpu,
             "device": str(self.device),
+            "precision": self.training_precision,
             "grad_evals": float(stats.get("grad_evals", math.nan)),
             "accept_rate": float(stats.get("accept_rate", math.nan)),
             "method_stats": json.dumps({k: float(v) for k, v in stats.items()}, sort_keys=True),
