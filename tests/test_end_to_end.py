@@ -100,7 +100,7 @@ def test_metrics_parquet_contract(tiny_run):
     transferred = {name.replace("adv:", "transfer:") for name in attacked}  # crafted on the seed's sgd trial
     assert set(one["eval_set"]) == full_precision | stored | corrupted | attacked | transferred | {"cost"}
     ood = one[one["eval_set"] == "noise"].set_index("metric")["value"]
-    assert set(ood.index) == {"ood_auroc_entropy", "ood_auroc_mi"}
+    assert set(ood.index) == {f"ood_{m}_{s}" for m in ("auroc", "fpr95", "aupr_in", "aupr_out") for s in ("entropy", "mi")}
     cost = one[one["eval_set"] == "cost"].set_index("metric")["value"]
     assert {"train_s", "s_per_sample", "predict_s_per_example", "n_params"} <= set(cost.index)
     assert not metrics.duplicated(["trial_id", "eval_set", "metric"]).any()

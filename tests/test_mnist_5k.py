@@ -95,4 +95,4 @@ def test_decision_task_copy():
 def test_the_grid_validates(capsys):
     assert main(["validate", str(GRID)]) == 0
     out = capsys.readouterr().out
-    assert "10 methods x 1 models x 2 datasets" in out
+    assert "12 methods x 1 models x 2 datasets" in out
