@@ -34,6 +34,8 @@ from ursa_ray.methods.base import (
 )
 from ursa_ray.methods.concrete_dropout import install_concrete_dropout
 from ursa_ray.methods.distillation import ExpectationStudent
+from ursa_ray.methods.mfvi import install_bayesian_layers
+from ursa_ray.methods.sngp import install_sngp
 from ursa_ray.methods.variational_dropout import install_variational_linear
 from ursa_ray.models.mlp import build_mlp
 from ursa_ray.trial import predict
@@ -139,6 +141,10 @@ def _sample_of(method_name: str) -> nn.Module:
         install_variational_linear(model, -10.0)
     if method_name == "gped":
         return ExpectationStudent(model)
+    if method_name == "mfvi":
+        install_bayesian_layers(model, 1e-3)
+    if method_name == "sngp":
+        install_sngp(model, resolve_config(get_method("sngp"), {}), None)
     return model
 
 
@@ -147,6 +153,10 @@ S = 12
 # method → (hyperparameters, hand count of what it stores for S = 12 samples of the MNIST MLP)
 HAND_COUNTS: dict[str, tuple[dict, StorageCount]] = {
     "sgd": ({}, StorageCount(weights=P)),
+    "mfvi": ({}, StorageCount(weights=2 * P)),  # a mean and a ρ per weight and bias
+    # hidden layers (784·200 + 200 + 200·200 + 200), β (10 × 512), the projection (512 × 200), the phases
+    # (512) and one 512 × 512 covariance block per class
+    "sngp": ({}, StorageCount(weights=784 * 200 + 200 + 200 * 200 + 200 + 10 * 512 + 512 * 200 + 512 + 10 * 512 * 512)),
     "swa": ({}, StorageCount(weights=P)),  # the mean θ̄
     "mc_dropout": ({}, StorageCount(weights=P)),  # p is a hyperparameter; masks drawn at prediction time
     "concrete_dropout": ({}, StorageCount(weights=P, other_values=2)),  # a learned rate per dropout slot
