@@ -76,7 +76,7 @@ def output_dtypes(problem: Problem) -> tuple[Problem, list[torch.dtype]]:
     return dataclasses.replace(problem, make_model=make_model), seen
 
 
-@pytest.mark.parametrize("name", ["sgd", "sgld", "sghmc", "swag", "deep_ensemble"])
+@pytest.mark.parametrize("name", ["sgd", "sgld", "sghmc", "swag", "deep_ensemble", "bdk"])
 def test_every_loop_trains_under_bfloat16_with_float32_parameters(name):
     """Each of these methods' training forward passes runs under the autocast (the output's dtype is
     bfloat16) and its parameters stay float32.  Catches a loop that ignores ``training_precision``."""
@@ -87,7 +87,7 @@ def test_every_loop_trains_under_bfloat16_with_float32_parameters(name):
     method = get_method(name)
     declared = {h.name for h in method.hyperparameters}
     overrides = {"epochs": 2, "batch_size": 128} | ({"n_samples": 1} if "n_samples" in declared else {})
-    if name in ("sgld", "sghmc"):
+    if name in ("sgld", "sghmc", "bdk"):  # bdk: the SGLD teacher and the student's steps
         overrides |= {"burn_in_epochs": 1, "lr": lr_for(0.03, cov), "prior_std": PRIOR_STD}
     elif name == "swag":
         overrides |= {"swa_epochs": 2, "lr": 1e-3, "swa_lr": 1e-3}
@@ -123,7 +123,7 @@ def test_batched_copies_train_under_bfloat16(monkeypatch, name):
         problems = [mixed(make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=s)[0]) for s in (0, 1)]
         config = resolve_config(method, {"epochs": 1, "swa_epochs": 2, "n_samples": 1, "lr": 1e-3, "swa_lr": 1e-3})
         swag.fit_swa_copies(problems, config, [{}, {}], max_rank=2)
-        assert BF16 in seen  # the collection phase (the burn-in is batched.py's train_sgd_copies)
+        assert seen and set(seen) == {BF16}, seen  # the burn-in (train_sgd_copies) and the collection phase
 
 
 def test_float32_problem_trains_in_float32():

@@ -215,6 +215,8 @@ class CopyData:
     y: Tensor
     """(C, N) targets, already permuted by ``rows``."""
     generators: list[torch.Generator]
+    precision: torch.dtype | None = None
+    """The problems' ``training_precision``: the autocast dtype of the copies' forward passes."""
 
     @property
     def n_train(self) -> int:
@@ -241,7 +243,7 @@ class CopyData:
         device = problems[0].x.device
         index = torch.stack([torch.arange(n, device=device) if r is None else r.to(device) for r in rows])
         y = torch.stack([p.y[i] for p, i in zip(problems, index, strict=True)])
-        return cls(distinct, source, index, y, list(generators))
+        return cls(distinct, source, index, y, list(generators), problems[0].training_precision)
 
     def minibatches(self, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
         """One epoch of (C, B, ...) inputs and (C, B) targets, each copy in its own shuffled order (drawn
@@ -304,7 +306,9 @@ def train_sgd_copies(
         return losses.sum()
 
     stacked.train()
-    steps, _ = minimise(data.minibatches, data.n_train, config, optimiser, config["epochs"], loss_at, stacked.zero_grad)
+    steps, _ = minimise(
+        data.minibatches, data.n_train, config, optimiser, config["epochs"], loss_at, stacked.zero_grad, data.precision
+    )
     return steps
 
 
@@ -325,5 +329,7 @@ def train_adam_copies(
         return losses.sum()
 
     stacked.train()
-    steps, _ = minimise(data.minibatches, data.n_train, config, optimiser, config["epochs"], loss_at, stacked.zero_grad)
+    steps, _ = minimise(
+        data.minibatches, data.n_train, config, optimiser, config["epochs"], loss_at, stacked.zero_grad, data.precision
+    )
     return steps, last[0]

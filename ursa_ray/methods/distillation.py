@@ -62,6 +62,7 @@ from ursa_ray.methods.base import (
     check_constraints,
     one_network_storage,
 )
+from ursa_ray.methods._training import autocast_body, optimiser_options
 from ursa_ray.methods.batched import CopyData, StackedNetworks
 from ursa_ray.methods.sgmcmc import CHAIN_CONSTRAINTS, LangevinChain, LangevinCopies, _common, _steps_per_epoch
 
@@ -226,7 +227,7 @@ class StudentTrainer:
     def __init__(self, student: nn.Module, loss: StudentLoss, problem: Problem, config: Mapping[str, Any]):
         self.student, self.loss, self.problem = student, loss, problem
         self.batch_size, self.noise_std = config["batch_size"], config["input_noise_std"]
-        self.optimiser = torch.optim.Adam(student.parameters(), lr=config["student_lr"])
+        self.optimiser = torch.optim.Adam(student.parameters(), lr=config["student_lr"], **optimiser_options(problem.device))
         seed = int(torch.randint(0, 2**62, (1,), generator=problem.generator))
         self.generator = torch.Generator(problem.device).manual_seed(seed)
         self.steps = 0
@@ -247,11 +248,12 @@ class StudentTrainer:
         """One student step against ``teacher``'s outputs; returns the loss (detached)."""
         x = self.inputs()
         mode = teacher.training
+        device, precision = self.problem.device, self.problem.training_precision
         teacher.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast_body(device, precision):
             target = teacher(x)
         teacher.train(mode)
-        with torch.enable_grad():
+        with torch.enable_grad(), autocast_body(device, precision):
             loss = self.loss(self.student, x, target)
             self.optimiser.zero_grad(set_to_none=True)
             loss.backward()
@@ -341,11 +343,12 @@ class StudentCopies:
     def step(self, teachers: StackedNetworks) -> Tensor:
         """One step of every student against its own teacher's outputs; returns the losses (C,), detached."""
         x = self.inputs()
+        device, precision = self.problems[0].device, self.problems[0].training_precision
         teachers.train(False)
-        with torch.no_grad():
+        with torch.no_grad(), autocast_body(device, precision):
             target = teachers(x)
         teachers.train(True)
-        with torch.enable_grad():
+        with torch.enable_grad(), autocast_body(device, precision):
             losses = self.losses(x, target)
             self.networks.zero_grad()
             if self.expectations:
