@@ -26,13 +26,19 @@ def adversarial_table(metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float 
     """Rows (method, attack, epsilon), columns accuracy, attack_success_rate, adv_auroc_mi; with ``alpha``,
     text cells ``mean [low, high] n=seeds`` (:func:`analysis.intervals.grouped_intervals`)."""
     final = final_metrics(metrics, trials)
-    final = final[final["eval_set"].str.startswith(("adv:", "transfer:")) & ~final["eval_set"].str.endswith(":clean")
-                  & ~final["dataset"].isin(decision_task_datasets(trials))]
+    final = final[
+        final["eval_set"].str.startswith(("adv:", "transfer:"))
+        & ~final["eval_set"].str.endswith(":clean")
+        & ~final["dataset"].isin(decision_task_datasets(trials))
+    ]
     if final.empty:
         return pd.DataFrame()
     epsilon = final[final["metric"] == "epsilon"].set_index(["trial_id", "eval_set"])["value"]
     final = final[final["metric"].isin(METRICS)].join(epsilon.rename("epsilon"), on=["trial_id", "eval_set"])
-    kind, attack = final["eval_set"].str.split(":").str[0], final["eval_set"].str.split(":").str[1].str.split("_eps").str[0]
+    kind, attack = (
+        final["eval_set"].str.split(":").str[0],
+        final["eval_set"].str.split(":").str[1].str.split("_eps").str[0],
+    )
     final = final.assign(attack=attack.where(kind == "adv", "transfer-" + attack))
     keys = ["method", "attack", "epsilon", "metric"]
     if alpha is not None:

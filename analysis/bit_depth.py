@@ -26,16 +26,25 @@ def bit_depth_table(metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float | 
     final = final.assign(base_set=split[0], scheme=split[2].replace("", "float32"))
     if (final["scheme"] == "float32").all():
         return pd.DataFrame()
-    final = final[((final["base_set"] == "test") & (final["metric"] != "ood_auroc_mi"))
-                  | (final["base_set"].map(is_ood_set) & (final["metric"] == "ood_auroc_mi"))]
+    final = final[
+        ((final["base_set"] == "test") & (final["metric"] != "ood_auroc_mi"))
+        | (final["base_set"].map(is_ood_set) & (final["metric"] == "ood_auroc_mi"))
+    ]
     if alpha is not None:
         from analysis.intervals import grouped_intervals, interval_pivot
 
-        table = interval_pivot(grouped_intervals(final, ["method", "scheme", "metric"], alpha), ["method", "scheme"],
-                               "metric").rename(columns=COLUMNS).fillna("-")
+        table = (
+            interval_pivot(
+                grouped_intervals(final, ["method", "scheme", "metric"], alpha), ["method", "scheme"], "metric"
+            )
+            .rename(columns=COLUMNS)
+            .fillna("-")
+        )
     else:
         seed_means = final.groupby(["method", "scheme", "metric", "model", "dataset", "base_set"])["value"].mean()
         table = seed_means.groupby(["method", "scheme", "metric"]).mean().unstack("metric").rename(columns=COLUMNS)
     order = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3}
-    table = table.reset_index().sort_values(["method", "scheme"], key=lambda c: c.map(order) if c.name == "scheme" else c)
+    table = table.reset_index().sort_values(
+        ["method", "scheme"], key=lambda c: c.map(order) if c.name == "scheme" else c
+    )
     return table.set_index(["method", "scheme"])[[c for c in COLUMNS.values() if c in table.columns]]

@@ -93,8 +93,10 @@ def is_ood_set(eval_set: str) -> bool:
     set evaluated at a lower bit depth), not a ``corrupt:TYPE:SEVERITY`` set (the test set corrupted) and not
     an ``adv:SET`` or ``transfer:SET`` set (adversarial examples: white box, and crafted on SGD), nor a
     ``fidelity:SET`` set (a method's fidelity to its cell's reference posterior)."""
-    return eval_set not in NOT_OOD_SETS and "@" not in eval_set and not eval_set.startswith(
-        ("corrupt:", "adv:", "transfer:", "fidelity:")
+    return (
+        eval_set not in NOT_OOD_SETS
+        and "@" not in eval_set
+        and not eval_set.startswith(("corrupt:", "adv:", "transfer:", "fidelity:"))
     )
 
 
@@ -217,8 +219,9 @@ def composite_scores(
     rows = {}
     for (name, method), group in cells.groupby(["composite", "method"], sort=False):
         mean, low, high = composite_interval(group, alpha)
-        rows.setdefault(method, {}).update({name: mean, f"{name}_low": low, f"{name}_high": high,
-                                            f"{name}_seeds": int(group["seeds"].min())})
+        rows.setdefault(method, {}).update(
+            {name: mean, f"{name}_low": low, f"{name}_high": high, f"{name}_seeds": int(group["seeds"].min())}
+        )
     everything = pd.DataFrame.from_dict(rows, orient="index")
     names = [c for c in COMPOSITES if c in everything.columns]
     per_cell = cells.rename(columns={"mean": "value"})
@@ -243,8 +246,10 @@ def composite_coverage(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFr
             for (model, dataset), sets in these.groupby(["model", "dataset"])["eval_set"]:
                 parts = sets.str.split(":")
                 types, severities = sorted(set(parts.str[1])), sorted(set(parts.str[2]), key=int)
-                text.append(f"{model}/{dataset} × {len(sets)} corruption sets ({len(types)} types, severities "
-                            f"{', '.join(severities)})")
+                text.append(
+                    f"{model}/{dataset} × {len(sets)} corruption sets ({len(types)} types, severities "
+                    f"{', '.join(severities)})"
+                )
         else:
             text = [
                 f"{r.model}/{r.dataset}" + (f" vs {r.eval_set}" if is_ood_set(r.eval_set) else "")
@@ -260,8 +265,13 @@ def better_direction() -> dict[str, str]:
 
 
 def per_cell_table(
-    metrics: pd.DataFrame, trials: pd.DataFrame, metric: str, eval_set: str, task: str | None = "classification",
-    alpha: float = 0.05, interval: str = "t",
+    metrics: pd.DataFrame,
+    trials: pd.DataFrame,
+    metric: str,
+    eval_set: str,
+    task: str | None = "classification",
+    alpha: float = 0.05,
+    interval: str = "t",
 ) -> pd.DataFrame:
     """Mean ± std over seeds of one metric on one evaluation set, then the 1 − ``alpha`` interval of the mean
     (:func:`analysis.intervals.mean_interval`) and the number of seeds: rows methods, columns model/dataset
@@ -277,7 +287,9 @@ def per_cell_table(
     stats["text"] = [
         f"{format_number(float(m))} ± {format_number(0.0 if np.isnan(s) else float(s))} "
         + (f"[{format_number(float(lo))}, {format_number(float(hi))}] n={n}" if n > 1 else "(1 seed: no interval)")
-        for m, s, lo, hi, n in zip(stats["mean"], stats["std"], stats["low"], stats["high"], stats["seeds"], strict=True)
+        for m, s, lo, hi, n in zip(
+            stats["mean"], stats["std"], stats["low"], stats["high"], stats["seeds"], strict=True
+        )
     ]
     stats["cell"] = stats["model"] + " / " + stats["dataset"]
     return stats.pivot(index="method", columns="cell", values="text").fillna("-")

@@ -51,8 +51,9 @@ def plot_corruption_shift(values: pd.DataFrame, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     methods = sorted(values["method"].unique())
     metrics = [m for m in METRICS if m in values.columns]
-    fig, axes = plt.subplots(len(metrics), len(methods), figsize=(2.4 * len(methods), 2.8 * len(metrics)),
-                             squeeze=False, sharey="row")
+    fig, axes = plt.subplots(
+        len(metrics), len(methods), figsize=(2.4 * len(methods), 2.8 * len(metrics)), squeeze=False, sharey="row"
+    )
     for i, metric in enumerate(metrics):
         for j, method in enumerate(methods):
             rows = values[values["method"] == method]

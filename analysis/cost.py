@@ -31,9 +31,15 @@ def cost_table(trials: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     frame = trials.assign(cell_name=trials["cell"].str.split("/", n=1).str[1])
     sums = frame.pivot_table(
-        index=["method", "cell_name"], columns="phase", values=["reserved_cpu_s", "reserved_gpu_s"], aggfunc="sum", fill_value=0.0
+        index=["method", "cell_name"],
+        columns="phase",
+        values=["reserved_cpu_s", "reserved_gpu_s"],
+        aggfunc="sum",
+        fill_value=0.0,
     )
-    counts = frame.pivot_table(index=["method", "cell_name"], columns="phase", values="trial_id", aggfunc="count", fill_value=0)
+    counts = frame.pivot_table(
+        index=["method", "cell_name"], columns="phase", values="trial_id", aggfunc="count", fill_value=0
+    )
     out = pd.DataFrame(index=sums.index)
     for phase in ("search", "final"):
         out[f"{phase}_trials"] = counts[phase] if phase in counts else 0
@@ -68,7 +74,12 @@ def anytime_curves(trials: pd.DataFrame) -> dict[str, pd.DataFrame]:
         sign = -1.0 if metric == "val_accuracy" else 1.0
         best = (sign * values).cummin() * sign
         curves[cell] = pd.DataFrame(
-            {"cpu_h": rows["reserved_cpu_s"].cumsum().to_numpy() / HOUR, "value": values.to_numpy(), "best": best.to_numpy(), "metric": metric}
+            {
+                "cpu_h": rows["reserved_cpu_s"].cumsum().to_numpy() / HOUR,
+                "value": values.to_numpy(),
+                "best": best.to_numpy(),
+                "metric": metric,
+            }
         )
     return curves
 
@@ -130,13 +141,15 @@ def _plot_pareto(scores: pd.DataFrame, compute: pd.Series, path: Path) -> Path:
     columns = min(3, len(names))
     rows = -(-len(names) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.8 * rows), squeeze=False)
-    for ax in axes.flat[len(names):]:
+    for ax in axes.flat[len(names) :]:
         ax.axis("off")
     for ax, name in zip(axes.flat, names):
         x = compute.reindex(scores.index)
         ax.scatter(x, scores[name])
         for method in scores.index:
-            ax.annotate(method, (x[method], scores.loc[method, name]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(
+                method, (x[method], scores.loc[method, name]), fontsize=7, xytext=(3, 3), textcoords="offset points"
+            )
         ax.set_xscale("log")
         ax.set_xlabel("search + inference CPU-hours (log)")
         ax.set_ylabel(name)

@@ -64,7 +64,7 @@ def _finish_se(table: pd.DataFrame) -> pd.DataFrame:
     counts = [c for c in table.columns if c.startswith("_") and c.endswith("_count")]
     for count in counts:
         k = table[count]
-        se = f"{count[1:-len('_count')]}_se"
+        se = f"{count[1 : -len('_count')]}_se"
         table[se] = (table[se] / np.sqrt(k)).where(k > 1)
     return table.drop(columns=counts)
 
@@ -117,7 +117,8 @@ def coverage_table(points: pd.DataFrame, anchor: str = ANCHOR, alpha: float = 0.
     table["coverage_se"] = np.sqrt(table["coverage"] * (1 - table["coverage"]) / table["k"])
     table = _t_intervals(table, ("deviation", "uncertainty"), alpha)
     table["coverage_low"], table["coverage_high"] = wilson_interval(
-        np.rint(table["coverage"] * table["k"]), table["k"], alpha)
+        np.rint(table["coverage"] * table["k"]), table["k"], alpha
+    )
     table["in_distribution"] = table["in_distribution"].astype(bool)
     ratio = uncertainty_ratio(points, anchor)[POINT + ["anchor_uncertainty", "uncertainty_ratio", "below_anchor"]]
     return table.merge(ratio, on=POINT, how="left")
@@ -131,24 +132,31 @@ def coverage_summary(points: pd.DataFrame, anchor: str = ANCHOR, alpha: float = 
     df = _with_indicators(points)
     region = CELL + ["in_distribution"]
     per_rep = df.groupby(region + ["repetition"], as_index=False).agg(
-        deviation=("deviation", "mean"), uncertainty=("std", "mean"), coverage=("covered", "mean"),
+        deviation=("deviation", "mean"),
+        uncertainty=("std", "mean"),
+        coverage=("covered", "mean"),
         n_points=("point_id", "nunique"),
     )
-    summary = per_rep.groupby(region).agg(
-        k=("repetition", "count"),
-        n_points=("n_points", "max"),
-        deviation=("deviation", "mean"),
-        **_se("deviation"),
-        uncertainty=("uncertainty", "mean"),
-        **_se("uncertainty"),
-        coverage=("coverage", "mean"),
-        **_se("coverage"),
-    ).reset_index()
+    summary = (
+        per_rep.groupby(region)
+        .agg(
+            k=("repetition", "count"),
+            n_points=("n_points", "max"),
+            deviation=("deviation", "mean"),
+            **_se("deviation"),
+            uncertainty=("uncertainty", "mean"),
+            **_se("uncertainty"),
+            coverage=("coverage", "mean"),
+            **_se("coverage"),
+        )
+        .reset_index()
+    )
     from analysis.intervals import wilson_interval
 
     summary = _t_intervals(_finish_se(summary), ("deviation", "uncertainty"), alpha)
     summary["coverage_low"], summary["coverage_high"] = wilson_interval(
-        summary["coverage"] * summary["k"], summary["k"], alpha)
+        summary["coverage"] * summary["k"], summary["k"], alpha
+    )
     table = coverage_table(points, anchor)
     ratios = table.groupby(region, as_index=False).agg(
         uncertainty_ratio=("uncertainty_ratio", "mean"), share_below_anchor=("below_anchor", "mean")
@@ -207,8 +215,10 @@ def _interval(frame: pd.DataFrame, name: str, digits: int = 3) -> list[str]:
         elif math.isnan(float(low)):
             texts.append(f"{format_number(float(value), digits)} (k = 1: no interval)")
         else:
-            texts.append(f"{format_number(float(value), digits)} [{format_number(float(low), digits)}, "
-                         f"{format_number(float(high), digits)}]")
+            texts.append(
+                f"{format_number(float(value), digits)} [{format_number(float(low), digits)}, "
+                f"{format_number(float(high), digits)}]"
+            )
     return texts
 
 
@@ -239,34 +249,42 @@ def regression_markdown(points: pd.DataFrame, anchor: str = ANCHOR, alpha: float
         s = summary[summary["experiment"] == experiment].copy()
         s["_o"] = s["method"].map(order)
         s = s.sort_values(["complexity", "in_distribution", "_o", "model"], ascending=[True, False, True, True])
-        rows = pd.DataFrame({
-            "complexity": s["complexity"].map(lambda c: f"{c:g}"),
-            "region": s["in_distribution"].map({True: "in-dist", False: "OOD"}),
-            "method": s["method"],
-            "model": s["model"],
-            "k": s["k"].astype(int).astype(str),
-            "deviation": _interval(s, "deviation"),
-            "uncertainty": _interval(s, "uncertainty"),
-            "coverage": _interval(s, "coverage"),
-            "ratio": s["uncertainty_ratio"].astype(float),
-            "share below": s["share_below_anchor"].astype(float),
-        })
-        out += ["", f"### {experiment}: averages over in-distribution and OOD test points", "",
-                markdown_table(rows, index=False)]
+        rows = pd.DataFrame(
+            {
+                "complexity": s["complexity"].map(lambda c: f"{c:g}"),
+                "region": s["in_distribution"].map({True: "in-dist", False: "OOD"}),
+                "method": s["method"],
+                "model": s["model"],
+                "k": s["k"].astype(int).astype(str),
+                "deviation": _interval(s, "deviation"),
+                "uncertainty": _interval(s, "uncertainty"),
+                "coverage": _interval(s, "coverage"),
+                "ratio": s["uncertainty_ratio"].astype(float),
+                "share below": s["share_below_anchor"].astype(float),
+            }
+        )
+        out += [
+            "",
+            f"### {experiment}: averages over in-distribution and OOD test points",
+            "",
+            markdown_table(rows, index=False),
+        ]
         if not named.empty and (named["experiment"] == experiment).any():
             n = named[named["experiment"] == experiment].copy()
             n["_o"] = n["method"].map(order)
             n = n.sort_values(["order", "complexity", "_o", "model"])
-            rows = pd.DataFrame({
-                "point": n["label"] + n["in_distribution"].map({True: " (in-dist)", False: " (OOD)"}),
-                "complexity": n["complexity"].map(lambda c: f"{c:g}"),
-                "method": n["method"],
-                "model": n["model"],
-                "deviation": _interval(n, "deviation"),
-                "uncertainty": _interval(n, "uncertainty"),
-                "coverage": _interval(n, "coverage"),
-                "ratio": n["uncertainty_ratio"].astype(float),
-                "below": n["below_anchor"].map({True: "yes", False: ""}),
-            })
+            rows = pd.DataFrame(
+                {
+                    "point": n["label"] + n["in_distribution"].map({True: " (in-dist)", False: " (OOD)"}),
+                    "complexity": n["complexity"].map(lambda c: f"{c:g}"),
+                    "method": n["method"],
+                    "model": n["model"],
+                    "deviation": _interval(n, "deviation"),
+                    "uncertainty": _interval(n, "uncertainty"),
+                    "coverage": _interval(n, "coverage"),
+                    "ratio": n["uncertainty_ratio"].astype(float),
+                    "below": n["below_anchor"].map({True: "yes", False: ""}),
+                }
+            )
             out += ["", f"### {experiment}: named test points", "", markdown_table(rows, index=False)]
     return "\n".join(out)

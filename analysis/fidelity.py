@@ -23,7 +23,9 @@ def fidelity_frame(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     if rows.empty:
         return pd.DataFrame()
     keys = ["model", "dataset", "method"]
-    test = rows[rows["eval_set"] == "fidelity:test"].pivot_table(index=keys, columns="metric", values="value", aggfunc="mean")
+    test = rows[rows["eval_set"] == "fidelity:test"].pivot_table(
+        index=keys, columns="metric", values="value", aggfunc="mean"
+    )
     ood = rows[(rows["eval_set"] != "fidelity:test") & (rows["metric"] == "total_variation")]
     if not ood.empty:
         test["tv_ood"] = ood.groupby(keys)["value"].mean()

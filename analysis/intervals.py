@@ -41,8 +41,14 @@ def mean_interval(values: np.ndarray, alpha: float = 0.05, how: str = "t") -> tu
     if how == "bootstrap":
         if np.all(values == values[0]):
             return mean, mean, mean
-        result = stats.bootstrap((values,), np.mean, confidence_level=1 - alpha, n_resamples=BOOTSTRAP_RESAMPLES,
-                                 method="percentile", random_state=0)
+        result = stats.bootstrap(
+            (values,),
+            np.mean,
+            confidence_level=1 - alpha,
+            n_resamples=BOOTSTRAP_RESAMPLES,
+            method="percentile",
+            random_state=0,
+        )
         return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)
     raise ValueError(f"interval: expected one of {INTERVALS}, got {how!r}")
 
@@ -89,8 +95,10 @@ def interval_text(mean: float, low: float, high: float, seeds: int, digits: int 
         return "-"
     if seeds < 2 or np.isnan(low):
         return f"{format_number(float(mean), digits)} (1 seed: no interval)"
-    return (f"{format_number(float(mean), digits)} [{format_number(float(low), digits)}, "
-            f"{format_number(float(high), digits)}] n={seeds}")
+    return (
+        f"{format_number(float(mean), digits)} [{format_number(float(low), digits)}, "
+        f"{format_number(float(high), digits)}] n={seeds}"
+    )
 
 
 def grouped_intervals(rows: pd.DataFrame, keys: list[str], alpha: float = 0.05) -> pd.DataFrame:
@@ -108,6 +116,10 @@ def grouped_intervals(rows: pd.DataFrame, keys: list[str], alpha: float = 0.05) 
 
 def interval_pivot(table: pd.DataFrame, index: list[str], column: str) -> pd.DataFrame:
     """:func:`grouped_intervals`' ``table`` as text cells (:func:`interval_text`), ``index`` rows by ``column``."""
-    text = table.assign(text=[interval_text(m, lo, hi, n) for m, lo, hi, n in
-                              zip(table["mean"], table["low"], table["high"], table["seeds"], strict=True)])
+    text = table.assign(
+        text=[
+            interval_text(m, lo, hi, n)
+            for m, lo, hi, n in zip(table["mean"], table["low"], table["high"], table["seeds"], strict=True)
+        ]
+    )
     return text.pivot(index=index, columns=column, values="text")

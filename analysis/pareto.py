@@ -46,7 +46,8 @@ def pareto_front(cost: pd.Series, quality: pd.Series, higher_is_better: bool) ->
     either value takes no part."""
     both = pd.DataFrame({"cost": cost, "quality": quality if higher_is_better else -quality}).dropna()
     optimal = [
-        method for method, (c, q) in both.iterrows()
+        method
+        for method, (c, q) in both.iterrows()
         if not ((both["cost"] <= c) & (both["quality"] >= q) & ((both["cost"] < c) | (both["quality"] > q))).any()
     ]
     return sorted(optimal, key=lambda method: (both.at[method, "cost"], method))
@@ -70,7 +71,8 @@ def pareto_fronts(scores: pd.DataFrame) -> pd.DataFrame:
             "front": pareto_front(scores[axis], scores[name], direction[name] == "higher"),
             "no_value": missing_values(scores, axis, name),
         }
-        for axis in COST_AXES if axis in scores
+        for axis in COST_AXES
+        if axis in scores
         for name in quality_composites(scores)
     ]
     table = pd.DataFrame(rows, columns=["cost", "composite", "better", "front", "no_value"])
@@ -88,7 +90,7 @@ def plot_pareto(scores: pd.DataFrame, cost_axis: str, path: Path) -> Path:
     columns = min(PANEL_COLUMNS, len(names))
     rows = -(-len(names) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.9 * rows + 0.8), squeeze=False)
-    for ax in axes.flat[len(names):]:
+    for ax in axes.flat[len(names) :]:
         ax.axis("off")
     for ax, name in zip(axes.flat, names):
         points = scores[[cost_axis, name]].dropna()
@@ -103,8 +105,15 @@ def plot_pareto(scores: pd.DataFrame, cost_axis: str, path: Path) -> Path:
         for _, same_cost in points.groupby(cost_axis):  # alternate label sides where costs coincide
             for k, (method, (x, y)) in enumerate(same_cost.sort_values(name).iterrows()):
                 side = 1 if k % 2 == 0 else -1
-                ax.annotate(method, (x, y), xytext=(4 * side, 2), textcoords="offset points", fontsize=6,
-                            ha="left" if side == 1 else "right", color="C0" if method in front else "dimgrey")
+                ax.annotate(
+                    method,
+                    (x, y),
+                    xytext=(4 * side, 2),
+                    textcoords="offset points",
+                    fontsize=6,
+                    ha="left" if side == 1 else "right",
+                    color="C0" if method in front else "dimgrey",
+                )
         ax.set_xscale("log")
         ax.margins(x=0.15, y=0.1)  # room for the labels of the outermost points
         if direction[name] == "lower":
@@ -140,10 +149,14 @@ def pareto_markdown(scores: pd.DataFrame, figures_dir: Path) -> tuple[str, list[
     ]
     figures = []
     for axis, (label, file_name) in COST_AXES.items():
-        table = fronts.loc[axis].assign(
-            front=lambda t: t["front"].map(lambda m: ", ".join(m) or "-"),
-            no_value=lambda t: t["no_value"].map(lambda m: ", ".join(m) or "-"),
-        ).rename(columns={"front": "Pareto-optimal, cheapest first", "no_value": "left out (no value)"})
+        table = (
+            fronts.loc[axis]
+            .assign(
+                front=lambda t: t["front"].map(lambda m: ", ".join(m) or "-"),
+                no_value=lambda t: t["no_value"].map(lambda m: ", ".join(m) or "-"),
+            )
+            .rename(columns={"front": "Pareto-optimal, cheapest first", "no_value": "left out (no value)"})
+        )
         text += ["", f"### Against {label}", "", markdown_table(table)]
         figures.append(plot_pareto(scores, axis, figures_dir / file_name))
     return "\n".join(text), figures

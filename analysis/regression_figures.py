@@ -93,7 +93,7 @@ def _band_figure(cell: pd.DataFrame, experiment: str, complexity: float, path: P
         ax.plot(truth["_t"], truth["truth"], "--", color="black", lw=1.0, label="ground truth")
         ax.set_title(method)
         ax.set_ylim(lo - pad, hi + pad)
-    for ax in axes.ravel()[len(methods):]:
+    for ax in axes.ravel()[len(methods) :]:
         ax.axis("off")
     for ax in axes[-1]:
         ax.set_xlabel(axis[1])
@@ -110,8 +110,11 @@ def _curves(frame: pd.DataFrame, rows: list[tuple[str, pd.DataFrame]], title: st
     methods = method_order(frame["method"].unique())
     colours = _colours(methods)
     fig, axes = plt.subplots(len(rows), 3, figsize=(11.5, 2.8 * len(rows)), squeeze=False)
-    quantities = (("deviation", "deviation |mean − truth|"), ("uncertainty", "uncertainty (std)"),
-                  ("coverage", "coverage"))
+    quantities = (
+        ("deviation", "deviation |mean − truth|"),
+        ("uncertainty", "uncertainty (std)"),
+        ("coverage", "coverage"),
+    )
     for r, (label, part) in enumerate(rows):
         for c, (column, name) in enumerate(quantities):
             ax = axes[r][c]
@@ -119,8 +122,17 @@ def _curves(frame: pd.DataFrame, rows: list[tuple[str, pd.DataFrame]], title: st
                 m = part[part["method"] == method].sort_values("complexity")
                 if m.empty:
                     continue
-                ax.errorbar(m["complexity"], m[column], yerr=m[f"{column}_se"].fillna(0.0), color=colours[method],
-                            marker="o", ms=3, lw=1.2, capsize=2, label=method)
+                ax.errorbar(
+                    m["complexity"],
+                    m[column],
+                    yerr=m[f"{column}_se"].fillna(0.0),
+                    color=colours[method],
+                    marker="o",
+                    ms=3,
+                    lw=1.2,
+                    capsize=2,
+                    label=method,
+                )
             if column == "coverage":
                 ax.axhline(0.95, color="0.4", ls=":", lw=1)
                 ax.set_ylim(-0.03, 1.03)
@@ -142,7 +154,11 @@ def _heatmaps(table: pd.DataFrame, experiment: str, complexity: float, path: Pat
         return None
     table = table.assign(_x1=np.round(x[:, 0], 8), _x2=np.round(x[:, 1], 8))
     methods = method_order(table["method"].unique())
-    panels = (("deviation", "log10 deviation", True), ("uncertainty", "log10 uncertainty", True), ("coverage", "coverage", False))
+    panels = (
+        ("deviation", "log10 deviation", True),
+        ("uncertainty", "log10 uncertainty", True),
+        ("coverage", "coverage", False),
+    )
     grids = {}
     for method in methods:
         m = table[table["method"] == method]
@@ -158,13 +174,29 @@ def _heatmaps(table: pd.DataFrame, experiment: str, complexity: float, path: Pat
         for r, method in enumerate(methods):
             ax = axes[r][c]
             g = grids[method, column]
-            image = ax.pcolormesh(g.columns.to_numpy(), g.index.to_numpy(), g.to_numpy(), shading="nearest",
-                                  vmin=vmin, vmax=vmax, cmap="viridis")
+            image = ax.pcolormesh(
+                g.columns.to_numpy(),
+                g.index.to_numpy(),
+                g.to_numpy(),
+                shading="nearest",
+                vmin=vmin,
+                vmax=vmax,
+                cmap="viridis",
+            )
             fig.colorbar(image, ax=ax, fraction=0.046)
             if not inside.empty:
                 x1, x2 = inside["_x1"], inside["_x2"]
-                ax.add_patch(plt.Rectangle((x1.min(), x2.min()), x1.max() - x1.min(), x2.max() - x2.min(),
-                                           fill=False, ec="white", lw=1.2, ls="--"))
+                ax.add_patch(
+                    plt.Rectangle(
+                        (x1.min(), x2.min()),
+                        x1.max() - x1.min(),
+                        x2.max() - x2.min(),
+                        fill=False,
+                        ec="white",
+                        lw=1.2,
+                        ls="--",
+                    )
+                )
             ax.set_title(f"{method}: {name}", fontsize=9)
             ax.set_xlabel("x1")
             ax.set_ylabel("x2")
@@ -200,16 +232,24 @@ def write_regression_figures(points: pd.DataFrame, out_dir: str | Path) -> list[
         for complexity in sorted(exp_points["complexity"].astype(float).unique()):
             cell = exp_points[exp_points["complexity"].astype(float) == complexity]
             if sample_x.shape[1] == 2 and "x" in cell.columns:
-                path = _heatmaps(exp_table[exp_table["complexity"] == complexity], experiment, complexity,
-                                 out_dir / f"{experiment}_heatmaps_c{_fmt(complexity)}.png")
+                path = _heatmaps(
+                    exp_table[exp_table["complexity"] == complexity],
+                    experiment,
+                    complexity,
+                    out_dir / f"{experiment}_heatmaps_c{_fmt(complexity)}.png",
+                )
             else:
                 # the lowest repetition that every method of this cell has
                 common = set.intersection(*(set(g["repetition"]) for _, g in cell.groupby("method")))
                 if not common:
                     continue
                 rep = min(common)
-                path = _band_figure(cell[cell["repetition"] == rep], experiment, complexity,
-                                    out_dir / f"{experiment}_bands_c{_fmt(complexity)}.png")
+                path = _band_figure(
+                    cell[cell["repetition"] == rep],
+                    experiment,
+                    complexity,
+                    out_dir / f"{experiment}_bands_c{_fmt(complexity)}.png",
+                )
             if path is not None:
                 written.append(path)
         if not named.empty and (named["experiment"] == experiment).any():
@@ -218,12 +258,27 @@ def write_regression_figures(points: pd.DataFrame, out_dir: str | Path) -> list[
             for label, part in rows:
                 inside = bool(part["in_distribution"].iloc[0])
                 rows[rows.index((label, part))] = (f"{label} ({'in-dist' if inside else 'OOD'})", part)
-            written.append(_curves(n, rows, f"{experiment}: named test points against complexity",
-                                   out_dir / f"{experiment}_named_points.png"))
+            written.append(
+                _curves(
+                    n,
+                    rows,
+                    f"{experiment}: named test points against complexity",
+                    out_dir / f"{experiment}_named_points.png",
+                )
+            )
         s = summary[summary["experiment"] == experiment]
-        rows = [(name, s[s["in_distribution"] == flag]) for flag, name in ((True, "in-dist"), (False, "OOD"))
-                if (s["in_distribution"] == flag).any()]
+        rows = [
+            (name, s[s["in_distribution"] == flag])
+            for flag, name in ((True, "in-dist"), (False, "OOD"))
+            if (s["in_distribution"] == flag).any()
+        ]
         if rows:
-            written.append(_curves(s, rows, f"{experiment}: averages over test points against complexity",
-                                   out_dir / f"{experiment}_regions.png"))
+            written.append(
+                _curves(
+                    s,
+                    rows,
+                    f"{experiment}: averages over test points against complexity",
+                    out_dir / f"{experiment}_regions.png",
+                )
+            )
     return written

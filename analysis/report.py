@@ -14,9 +14,9 @@ import pandas as pd
 
 from analysis.adversarial_robustness import adversarial_table, plot_accuracy_against_epsilon
 from analysis.bit_depth import bit_depth_table
+from analysis.composites import COMPOSITES, better_direction, composite_coverage, is_ood_set, per_cell_table
 from analysis.corruption_shift import corruption_table, corruption_values, plot_corruption_shift
 from analysis.fidelity import fidelity_markdown
-from analysis.composites import COMPOSITES, better_direction, composite_coverage, is_ood_set, per_cell_table
 from analysis.intervals import interval_text
 from analysis.pareto import pareto_markdown
 from analysis.statistics import ranked_composites, statistics_markdown
@@ -48,9 +48,16 @@ def composite_display(scores: pd.DataFrame) -> pd.DataFrame:
     fewest seeds behind a cell), the interval columns folded in."""
     shown = scores.copy()
     for name in [c for c in COMPOSITES if c in scores.columns]:
-        shown[name] = [interval_text(m, lo, hi, n) for m, lo, hi, n in
-                       zip(scores[name], scores[f"{name}_low"], scores[f"{name}_high"],
-                           scores[f"{name}_seeds"].fillna(0).astype(int), strict=True)]
+        shown[name] = [
+            interval_text(m, lo, hi, n)
+            for m, lo, hi, n in zip(
+                scores[name],
+                scores[f"{name}_low"],
+                scores[f"{name}_high"],
+                scores[f"{name}_seeds"].fillna(0).astype(int),
+                strict=True,
+            )
+        ]
     if "best_group" in shown:
         shown["best_group"] = shown["best_group"].map({True: "yes", False: "no"}).fillna("-")
     return shown.drop(columns=[c for c in scores.columns if c.endswith(("_low", "_high", "_seeds"))])
@@ -67,8 +74,7 @@ def composite_text(scores: pd.DataFrame, coverage: pd.DataFrame, alpha: float = 
         " seeds, propagated over cells) and the fewest seeds behind a cell; rank_* rank within each principle,"
         " mean_rank averages the principles with equal weight; best_group: not significantly different from"
         f" the best mean_rank (Friedman and Nemenyi over the principles, α = {alpha}); see README, Composite"
-        " scores, and docs/statistics.md)\n\nCells behind each composite:\n\n"
-        + markdown_table(coverage, index=False)
+        " scores, and docs/statistics.md)\n\nCells behind each composite:\n\n" + markdown_table(coverage, index=False)
     )
 
 
@@ -107,8 +113,11 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool,
         figures_extra += cd_figures
         sections += ["", "## Which differences are real", "", verdict]
         printed += ["Which differences are real", verdict.split("\n\n### ")[0]]
-        sections += ["", f"## Per-cell results (mean ± std over seeds, then the {1 - alpha:.0%} interval of the mean "
-                         "(Student t) and the number of seeds n)"]
+        sections += [
+            "",
+            f"## Per-cell results (mean ± std over seeds, then the {1 - alpha:.0%} interval of the mean "
+            "(Student t) and the number of seeds n)",
+        ]
         for metric, title in TEST_METRICS:
             table = per_cell_table(metrics, trials, metric, "test", alpha=alpha)
             if not table.empty:
@@ -128,26 +137,44 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool,
             robustness_figure = plot_accuracy_against_epsilon(robustness, figures_dir / "adversarial.png")
             robustness = adversarial_table(metrics, trials, alpha)
             figures_extra.append(robustness_figure)
-            sections += ["", "## Adversarial examples", "",
-                         "White box (`fgsm`, `pgd`): crafted on each method's model average of kept samples. "
-                         "Transfer (`transfer-*`): the examples crafted on the `sgd` network of the same model, "
-                         "dataset and seed, scored under each method's posterior predictive. "
-                         f"Means over in-domain cells and seeds [{1 - alpha:.0%} interval] n=seeds.", "",
-                         markdown_table(robustness), "",
-                         f"![adversarial](figures/{robustness_figure.name})"]
+            sections += [
+                "",
+                "## Adversarial examples",
+                "",
+                "White box (`fgsm`, `pgd`): crafted on each method's model average of kept samples. "
+                "Transfer (`transfer-*`): the examples crafted on the `sgd` network of the same model, "
+                "dataset and seed, scored under each method's posterior predictive. "
+                f"Means over in-domain cells and seeds [{1 - alpha:.0%} interval] n=seeds.",
+                "",
+                markdown_table(robustness),
+                "",
+                f"![adversarial](figures/{robustness_figure.name})",
+            ]
         shift = corruption_values(metrics, trials)
         if not shift.empty:
             shift_figure = plot_corruption_shift(shift, figures_dir / "corruption_shift.png")
             figures_extra.append(shift_figure)
-            sections += ["", "## Common corruptions", "",
-                         "Mean [inter-quartile range] over corruption types, in-domain cells.", "",
-                         markdown_table(corruption_table(shift)), "", f"![corruption_shift](figures/{shift_figure.name})"]
+            sections += [
+                "",
+                "## Common corruptions",
+                "",
+                "Mean [inter-quartile range] over corruption types, in-domain cells.",
+                "",
+                markdown_table(corruption_table(shift)),
+                "",
+                f"![corruption_shift](figures/{shift_figure.name})",
+            ]
         bits = bit_depth_table(metrics, trials, alpha)
         if not bits.empty:
-            sections += ["", "## Posterior samples stored at lower bit depths", "",
-                         f"Means over in-domain cells [{1 - alpha:.0%} interval over seeds, propagated over cells] n=seeds; "
-                         "ood_auroc by mutual information, mean over OOD sets.", "",
-                         markdown_table(bits)]
+            sections += [
+                "",
+                "## Posterior samples stored at lower bit depths",
+                "",
+                f"Means over in-domain cells [{1 - alpha:.0%} interval over seeds, propagated over cells] n=seeds; "
+                "ood_auroc by mutual information, mean over OOD sets.",
+                "",
+                markdown_table(bits),
+            ]
         fidelity_text = fidelity_markdown(metrics, trials)
         if fidelity_text:
             sections += ["", "## Fidelity to the reference posterior", "", fidelity_text]

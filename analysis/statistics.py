@@ -144,9 +144,20 @@ def paired_tests(units: pd.DataFrame, alpha: float = 0.05, principles: list[str]
                 low, high = median_interval(d, alpha)
                 median = float(np.median(d)) if d.size else float("nan")
                 direction = np.sign(median) if median else np.sign(d.mean() if d.size else 0.0)
-                family.append({"principle": principle, "composite": composite, "method_a": a, "method_b": b,
-                               "units": d.size, "median_difference": median, "difference_low": low,
-                               "difference_high": high, "p_value": float(p), "_direction": direction})
+                family.append(
+                    {
+                        "principle": principle,
+                        "composite": composite,
+                        "method_a": a,
+                        "method_b": b,
+                        "units": d.size,
+                        "median_difference": median,
+                        "difference_low": low,
+                        "difference_high": high,
+                        "p_value": float(p),
+                        "_direction": direction,
+                    }
+                )
         if not family:
             continue
         adjusted = holm(np.array([r["p_value"] for r in family]))
@@ -155,8 +166,19 @@ def paired_tests(units: pd.DataFrame, alpha: float = 0.05, principles: list[str]
             significant = bool(np.isfinite(p) and p < alpha and direction != 0)
             winner = row["method_a"] if direction * _better_sign(row["composite"]) > 0 else row["method_b"]
             rows.append(row | {"p_holm": float(p), "better": winner if significant else "tie"})
-    columns = ["principle", "composite", "method_a", "method_b", "units", "median_difference", "difference_low",
-               "difference_high", "p_value", "p_holm", "better"]
+    columns = [
+        "principle",
+        "composite",
+        "method_a",
+        "method_b",
+        "units",
+        "median_difference",
+        "difference_low",
+        "difference_high",
+        "p_value",
+        "p_holm",
+        "better",
+    ]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -211,8 +233,10 @@ def friedman_test(units: pd.DataFrame, principle: str, alpha: float = 0.05) -> F
     methods = list(scores.columns)
     result = FriedmanResult(principle, methods, len(scores), all_blocks)
     if len(methods) < 3 or len(scores) < 2:
-        result.note = (f"{len(methods)} methods over {len(scores)} complete blocks: the Friedman test needs at "
-                       "least 3 methods and 2 blocks (see the paired tests)")
+        result.note = (
+            f"{len(methods)} methods over {len(scores)} complete blocks: the Friedman test needs at "
+            "least 3 methods and 2 blocks (see the paired tests)"
+        )
         result.best_group = methods
         return result
     within = scores.rank(axis=1, method="average")
@@ -258,11 +282,33 @@ def resolvable_differences(units: pd.DataFrame, alpha: float = 0.05) -> pd.DataF
             if n > 1 and np.isfinite(sd):
                 level = alpha / m
                 delta = (stats.t.ppf(1 - level / 2, n - 1) + stats.t.ppf(POWER, n - 1)) * sd / math.sqrt(n)
-            rows.append({"principle": principle, "composite": composite, "units": n, "cells": cells,
-                         "seeds": seeds, "sd_difference": sd, "resolvable": delta, "tests": m,
-                         "units_needed": math.ceil(math.log2(2 * m / alpha))})
-    return pd.DataFrame(rows, columns=["principle", "composite", "units", "cells", "seeds", "sd_difference",
-                                       "resolvable", "tests", "units_needed"])
+            rows.append(
+                {
+                    "principle": principle,
+                    "composite": composite,
+                    "units": n,
+                    "cells": cells,
+                    "seeds": seeds,
+                    "sd_difference": sd,
+                    "resolvable": delta,
+                    "tests": m,
+                    "units_needed": math.ceil(math.log2(2 * m / alpha)),
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "principle",
+            "composite",
+            "units",
+            "cells",
+            "seeds",
+            "sd_difference",
+            "resolvable",
+            "tests",
+            "units_needed",
+        ],
+    )
 
 
 def plot_critical_difference(result: FriedmanResult, path: Path, alpha: float = 0.05) -> Path:
@@ -281,14 +327,23 @@ def plot_critical_difference(result: FriedmanResult, path: Path, alpha: float = 
     k = len(result.methods)
     figure, ax = plt.subplots(figsize=(9, 1.6 + 0.32 * k), layout="constrained")
     scikit_posthocs.critical_difference_diagram(
-        result.mean_ranks, significance, ax=ax, alpha=alpha, cd=result.critical_difference,
-        label_fmt_left="{label} ({rank:.2f})", label_fmt_right="({rank:.2f}) {label}",
-        label_props={"fontsize": 9}, crossbar_props={"linewidth": 2.5},
+        result.mean_ranks,
+        significance,
+        ax=ax,
+        alpha=alpha,
+        cd=result.critical_difference,
+        label_fmt_left="{label} ({rank:.2f})",
+        label_fmt_right="({rank:.2f}) {label}",
+        label_props={"fontsize": 9},
+        crossbar_props={"linewidth": 2.5},
     )
     verdict = "differences exist" if result.p_value < alpha else "no significant difference"
-    ax.set_title(f"{result.principle}: mean rank over {result.blocks} blocks (1 = best); bars join methods not "
-                 f"significantly different\nFriedman p = {result.p_value:.3g} ({verdict} at α = {alpha}); "
-                 f"Nemenyi CD = {result.critical_difference:.2f}", fontsize=9)
+    ax.set_title(
+        f"{result.principle}: mean rank over {result.blocks} blocks (1 = best); bars join methods not "
+        f"significantly different\nFriedman p = {result.p_value:.3g} ({verdict} at α = {alpha}); "
+        f"Nemenyi CD = {result.critical_difference:.2f}",
+        fontsize=9,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=130)
     plt.close(figure)
@@ -315,7 +370,10 @@ class Comparison:
 
 
 def compare(
-    metrics: pd.DataFrame, trials: pd.DataFrame, principle: str | None = None, alpha: float = 0.05,
+    metrics: pd.DataFrame,
+    trials: pd.DataFrame,
+    principle: str | None = None,
+    alpha: float = 0.05,
     interval: str = "t",
 ) -> Comparison:
     """Every table of the statistical comparison, for one ``principle`` or all (see :class:`Comparison`)."""
@@ -329,30 +387,76 @@ def compare(
     wanted = {c for p in principles for c in PRINCIPLES[p]}
     units = unit_values(metrics, trials)
     units = units[units["composite"].isin(wanted)]
-    cells = cell_intervals(units, ["composite", "method", "model", "dataset"], alpha, interval) if not units.empty \
+    cells = (
+        cell_intervals(units, ["composite", "method", "model", "dataset"], alpha, interval)
+        if not units.empty
         else pd.DataFrame(columns=["composite", "method", "model", "dataset", "seeds", "mean", "std", "low", "high"])
+    )
     composite_rows = []
     for (name, method), group in cells.groupby(["composite", "method"], sort=False):
         value, low, high = composite_interval(group, alpha)
-        composite_rows.append({"composite": name, "method": method, "value": value, "low": low, "high": high,
-                               "cells": len(group), "seeds": int(group["seeds"].min())})
+        composite_rows.append(
+            {
+                "composite": name,
+                "method": method,
+                "value": value,
+                "low": low,
+                "high": high,
+                "cells": len(group),
+                "seeds": int(group["seeds"].min()),
+            }
+        )
     tests = {p: friedman_test(units, p, alpha) for p in principles if not principle_units(units, p).empty}
-    friedman = pd.DataFrame([
-        {"principle": p, "methods": len(r.methods), "blocks": r.blocks, "all_blocks": r.all_blocks,
-         "statistic": r.statistic, "p_value": r.p_value, "critical_difference": r.critical_difference,
-         "best_group": ", ".join(r.best_group), "note": r.note}
-        for p, r in tests.items()
-    ], columns=["principle", "methods", "blocks", "all_blocks", "statistic", "p_value", "critical_difference",
-                "best_group", "note"])
-    ranks = pd.DataFrame([
-        {"principle": p, "method": m, "mean_rank": r.mean_ranks.get(m, float("nan")), "in_best_group": m in r.best_group}
-        for p, r in tests.items() for m in r.methods
-    ], columns=["principle", "method", "mean_rank", "in_best_group"])
+    friedman = pd.DataFrame(
+        [
+            {
+                "principle": p,
+                "methods": len(r.methods),
+                "blocks": r.blocks,
+                "all_blocks": r.all_blocks,
+                "statistic": r.statistic,
+                "p_value": r.p_value,
+                "critical_difference": r.critical_difference,
+                "best_group": ", ".join(r.best_group),
+                "note": r.note,
+            }
+            for p, r in tests.items()
+        ],
+        columns=[
+            "principle",
+            "methods",
+            "blocks",
+            "all_blocks",
+            "statistic",
+            "p_value",
+            "critical_difference",
+            "best_group",
+            "note",
+        ],
+    )
+    ranks = pd.DataFrame(
+        [
+            {
+                "principle": p,
+                "method": m,
+                "mean_rank": r.mean_ranks.get(m, float("nan")),
+                "in_best_group": m in r.best_group,
+            }
+            for p, r in tests.items()
+            for m in r.methods
+        ],
+        columns=["principle", "method", "mean_rank", "in_best_group"],
+    )
     resolution = resolvable_differences(units, alpha)
-    return Comparison(cells, pd.DataFrame(composite_rows, columns=["composite", "method", "value", "low", "high",
-                                                                   "cells", "seeds"]),
-                      paired_tests(units, alpha, principles), friedman, ranks,
-                      resolution[resolution["principle"].isin(principles)].reset_index(drop=True), tests)
+    return Comparison(
+        cells,
+        pd.DataFrame(composite_rows, columns=["composite", "method", "value", "low", "high", "cells", "seeds"]),
+        paired_tests(units, alpha, principles),
+        friedman,
+        ranks,
+        resolution[resolution["principle"].isin(principles)].reset_index(drop=True),
+        tests,
+    )
 
 
 def mean_rank_best_group(scores: pd.DataFrame, alpha: float = 0.05) -> pd.Series:
@@ -405,26 +509,35 @@ def _number(value: float) -> str:
 
 def _ordering(row: pd.Series) -> str:
     loser = row["method_b"] if row["better"] == row["method_a"] else row["method_a"]
-    interval = ("" if np.isnan(row["difference_low"]) else
-                f" [{_number(row['difference_low'])}, {_number(row['difference_high'])}]")
-    return (f"{row['better']} better than {loser} on {row['composite']} (median {row['method_a']} − "
-            f"{row['method_b']} = {_number(row['median_difference'])}{interval}, {row['units']} units, "
-            f"Holm p = {row['p_holm']:.3g})")
+    interval = (
+        ""
+        if np.isnan(row["difference_low"])
+        else f" [{_number(row['difference_low'])}, {_number(row['difference_high'])}]"
+    )
+    return (
+        f"{row['better']} better than {loser} on {row['composite']} (median {row['method_a']} − "
+        f"{row['method_b']} = {_number(row['median_difference'])}{interval}, {row['units']} units, "
+        f"Holm p = {row['p_holm']:.3g})"
+    )
 
 
 def resolution_text(row: pd.Series, alpha: float) -> str:
     """One sentence: how many units a comparison of ``row``'s composite has and what they can resolve."""
     seeds_needed = math.ceil(row["units_needed"] / max(row["cells"], 1))
     cells = f"{row['cells']} cell{'s' if row['cells'] != 1 else ''}"
-    text = (f"{row['composite']}: {row['units']} units per pair ({cells} × {row['seeds']} seeds); "
-            f"an exact Wilcoxon test over n units cannot give p below 2/2ⁿ, so passing Holm's first step "
-            f"(α/m = {alpha}/{row['tests']}) takes ≥ {row['units_needed']} units (≥ {seeds_needed} seeds on {cells})")
+    text = (
+        f"{row['composite']}: {row['units']} units per pair ({cells} × {row['seeds']} seeds); "
+        f"an exact Wilcoxon test over n units cannot give p below 2/2ⁿ, so passing Holm's first step "
+        f"(α/m = {alpha}/{row['tests']}) takes ≥ {row['units_needed']} units (≥ {seeds_needed} seeds on {cells})"
+    )
     if row["sd_difference"] == 0:
         text += "; the paired differences do not vary over seeds (a deterministic quantity), so any difference is real"
     elif np.isfinite(row["resolvable"]):
-        text += (f"; at the observed spread (SD of paired differences {_number(row['sd_difference'])}), "
-                 f"differences below {_number(row['resolvable'])} in {row['composite']} are not resolvable with "
-                 f"{row['units']} units (80% power, paired t approximation)")
+        text += (
+            f"; at the observed spread (SD of paired differences {_number(row['sd_difference'])}), "
+            f"differences below {_number(row['resolvable'])} in {row['composite']} are not resolvable with "
+            f"{row['units']} units (80% power, paired t approximation)"
+        )
     return text + "."
 
 
@@ -439,15 +552,22 @@ def statistics_markdown(
     comparison = compare(metrics, trials, alpha=alpha, interval=interval)
     pairs = comparison.pairs
     significant = pairs[pairs["better"] != "tie"]
-    out = [f"Units are (model, dataset, seed): methods of one seed share its data, splits and streams, so "
-           f"comparisons are paired; nothing missing is imputed (docs/statistics.md). α = {alpha}.", "",
-           "**Summary.** "]
+    out = [
+        f"Units are (model, dataset, seed): methods of one seed share its data, splits and streams, so "
+        f"comparisons are paired; nothing missing is imputed (docs/statistics.md). α = {alpha}.",
+        "",
+        "**Summary.** ",
+    ]
     if significant.empty:
-        out[-1] += (f"No ordering survives Holm's correction: all {len(pairs)} pairwise comparisons are ties at "
-                    "these seeds (see how many seeds each principle needs below).")
+        out[-1] += (
+            f"No ordering survives Holm's correction: all {len(pairs)} pairwise comparisons are ties at "
+            "these seeds (see how many seeds each principle needs below)."
+        )
     else:
-        out[-1] += (f"{len(significant)} of {len(pairs)} pairwise orderings survive Holm's correction (Wilcoxon "
-                    "signed-rank, corrected within each principle); every other pair is a tie:")
+        out[-1] += (
+            f"{len(significant)} of {len(pairs)} pairwise orderings survive Holm's correction (Wilcoxon "
+            "signed-rank, corrected within each principle); every other pair is a tie:"
+        )
         out += [""] + [f"- {row['principle']}: {_ordering(row)}" for _, row in significant.iterrows()]
     figures = []
     for principle, result in comparison.tests.items():
@@ -458,28 +578,50 @@ def statistics_markdown(
             if not result.p_value < alpha:
                 verdict = "no significant difference among the methods: all are tied"
             elif len(result.best_group) == len(result.methods):
-                verdict = ("the test rejects, but Nemenyi's post-hoc separates no method from the best: all are in "
-                           "the best group")
+                verdict = (
+                    "the test rejects, but Nemenyi's post-hoc separates no method from the best: all are in "
+                    "the best group"
+                )
             else:
-                verdict = (f"the methods differ; best group (not significantly different from the best by "
-                           f"Nemenyi): {', '.join(result.best_group)}")
+                verdict = (
+                    f"the methods differ; best group (not significantly different from the best by "
+                    f"Nemenyi): {', '.join(result.best_group)}"
+                )
             if result.blocks < 10:
-                verdict += (f" (only {result.blocks} blocks: the χ² approximation of the Friedman p-value is rough "
-                            "below about 10)")
-            out.append(f"Friedman test over {result.blocks} of {result.all_blocks} blocks (the units every one of "
-                       f"the {len(result.methods)} methods completed): χ² = {result.statistic:.3g}, p = "
-                       f"{result.p_value:.3g}; {verdict}. Nemenyi critical difference {result.critical_difference:.2f} ranks.")
+                verdict += (
+                    f" (only {result.blocks} blocks: the χ² approximation of the Friedman p-value is rough "
+                    "below about 10)"
+                )
+            out.append(
+                f"Friedman test over {result.blocks} of {result.all_blocks} blocks (the units every one of "
+                f"the {len(result.methods)} methods completed): χ² = {result.statistic:.3g}, p = "
+                f"{result.p_value:.3g}; {verdict}. Nemenyi critical difference {result.critical_difference:.2f} ranks."
+            )
             path = plot_critical_difference(result, figures_dir / f"cd_{principle}.png", alpha)
             figures.append(path)
             out += ["", f"![cd_{principle}](figures/{path.name})"]
         these = pairs[pairs["principle"] == principle]
         if not these.empty:
             wins = these[these["better"] != "tie"]
-            out += ["", f"Paired Wilcoxon tests, Holm over the principle's {len(these)} tests: {len(wins)} "
-                        f"significant; units per pair {these['units'].min()}–{these['units'].max()}."]
+            out += [
+                "",
+                f"Paired Wilcoxon tests, Holm over the principle's {len(these)} tests: {len(wins)} "
+                f"significant; units per pair {these['units'].min()}–{these['units'].max()}.",
+            ]
             if not wins.empty:
-                shown = wins[["composite", "better", "method_a", "method_b", "units", "median_difference",
-                              "difference_low", "difference_high", "p_holm"]]
+                shown = wins[
+                    [
+                        "composite",
+                        "better",
+                        "method_a",
+                        "method_b",
+                        "units",
+                        "median_difference",
+                        "difference_low",
+                        "difference_high",
+                        "p_holm",
+                    ]
+                ]
                 out += ["", markdown_table(shown, index=False)]
         resolution = comparison.resolution[comparison.resolution["principle"] == principle]
         out += ["", "How many seeds: " + " ".join(resolution_text(r, alpha) for _, r in resolution.iterrows())]

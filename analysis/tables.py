@@ -33,7 +33,7 @@ def format_number(value: object, digits: int = 3) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return "-"
-        if value != 0 and (abs(value) >= 1e5 or abs(value) < 10 ** -digits):
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 10**-digits):
             return f"{value:.{digits - 1}e}"
         return f"{value:.{digits}f}"
     return str(value)

@@ -74,15 +74,22 @@ def section(title: str, pixels: torch.Tensor, y: torch.Tensor, scale: PixelScale
         run()
     times = interleaved(variants, repeats)
     n, passes = pixels.shape[0], K * M
-    print(f"[{title}: batch {n}, MLP {'-'.join(map(str, [shape[-1] * shape[-2], 200, 200, 10]))}, "
-          f"K = {K}, M = {M}, {repeats} repeats]")
-    print(f"  floor fwd+bwd {min(times['floor']) / passes * 1e3:7.3f} ms a pass; "
-          f"PGD {min(times['pgd']) / passes * 1e3:7.3f} ms a pass")
+    print(
+        f"[{title}: batch {n}, MLP {'-'.join(map(str, [shape[-1] * shape[-2], 200, 200, 10]))}, "
+        f"K = {K}, M = {M}, {repeats} repeats]"
+    )
+    print(
+        f"  floor fwd+bwd {min(times['floor']) / passes * 1e3:7.3f} ms a pass; "
+        f"PGD {min(times['pgd']) / passes * 1e3:7.3f} ms a pass"
+    )
     print(f"  {'':<52s} {'best':>6s}   {'median of repeats':>17s}")
     print(ratio_line("PGD-K on M samples / K·M floor passes", times["pgd"], times["floor"], "target <= 1.3"))
     print(ratio_line("floor over the M networks / floor", times["floor, M networks"], times["floor"], "context"))
-    print(ratio_line("PGD-K on M samples / floor over the M networks", times["pgd"], times["floor, M networks"],
-                     "context"))
+    print(
+        ratio_line(
+            "PGD-K on M samples / floor over the M networks", times["pgd"], times["floor, M networks"], "context"
+        )
+    )
     print(ratio_line("floor copy / floor", times["floor copy"], times["floor"], "1"))
     print(ratio_line("PGD-K on 1 sample / K floor passes", times["pgd M=1"], times["floor"], "context", 1 / M))
 

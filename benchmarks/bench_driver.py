@@ -83,7 +83,9 @@ def trivial_specs(n: int, busy_s: float = 0.0) -> tuple[Any, list[dict[str, Any]
     """The benchmark grid and ``n`` copies of its one spec, each a trial of its own (one seed, its own id)."""
     grid = parse_grid(dict(GRID), "driver-bench")
     base = grid.trial_specs()[0]
-    specs = [{**base, "seed": i, "trial_id": f"bench-{i:06d}", "vectorize_seeds": 1, "busy_s": busy_s} for i in range(n)]
+    specs = [
+        {**base, "seed": i, "trial_id": f"bench-{i:06d}", "vectorize_seeds": 1, "busy_s": busy_s} for i in range(n)
+    ]
     return grid, specs
 
 
@@ -131,9 +133,9 @@ class Snapshots:
     collections, and counts the steps of Tune's loop (``TuneController.step``) in this process."""
 
     def __init__(self) -> None:
-        from ray.tune.execution.tune_controller import TuneController
-
         import gc
+
+        from ray.tune.execution.tune_controller import TuneController
 
         self.seconds: list[float] = []
         self.steps = 0
@@ -281,20 +283,28 @@ def results_writing(n_trials: int, window: int = 100) -> None:
             tick = time.perf_counter()
             results.add(record, metrics)
             costs.append(time.perf_counter() - tick)
-        early = statistics.median(costs[50:50 + window])  # trials 51-150: around trial 100
+        early = statistics.median(costs[50 : 50 + window])  # trials 51-150: around trial 100
         late = statistics.median(costs[-window:])
         print(f"results writing, {n_trials:,} trials with 30 metric rows each (median of {window} adds):")
-        print(f"  adding trial ~100: {early * 1e3:.2f} ms; adding trial {n_trials:,}: {late * 1e3:.2f} ms; "
-              f"ratio {late / early:.2f} (target <= 1.5)")
+        print(
+            f"  adding trial ~100: {early * 1e3:.2f} ms; adding trial {n_trials:,}: {late * 1e3:.2f} ms; "
+            f"ratio {late / early:.2f} (target <= 1.5)"
+        )
         tenth = max(1, n_trials // 10)
-        per_trial = [sum(costs[k:k + tenth]) / len(costs[k:k + tenth]) * 1e3 for k in range(0, n_trials, tenth)][:10]
-        print(f"  writing ms per trial in each tenth of the run: {' '.join(f'{c:.2f}' for c in per_trial)}; "
-              f"last / first {per_trial[-1] / per_trial[0]:.2f} (linear total: ~1)")
+        per_trial = [sum(costs[k : k + tenth]) / len(costs[k : k + tenth]) * 1e3 for k in range(0, n_trials, tenth)][
+            :10
+        ]
+        print(
+            f"  writing ms per trial in each tenth of the run: {' '.join(f'{c:.2f}' for c in per_trial)}; "
+            f"last / first {per_trial[-1] / per_trial[0]:.2f} (linear total: ~1)"
+        )
         print(f"  total {sum(costs):.1f} s")
         tick = time.perf_counter()
         report = results.compact()
-        print(f"  compact: {time.perf_counter() - tick:.1f} s, "
-              + ", ".join(f"{name} {a:,} -> {b} part files" for name, (a, b) in report.items()))
+        print(
+            f"  compact: {time.perf_counter() - tick:.1f} s, "
+            + ", ".join(f"{name} {a:,} -> {b} part files" for name, (a, b) in report.items())
+        )
 
 
 def ray_overhead(n_trials: int, seconds: float, echo: Any) -> dict[str, float]:

@@ -59,7 +59,9 @@ def write_data(root: Path, n_train: int, n_test: int) -> None:
 
 def measure(n_samples: int, root: Path) -> dict[str, int]:
     env = {**os.environ, "URSA_DATA": str(root), "URSA_SKIP_CHECKSUMS": "1"}
-    out = subprocess.run([sys.executable, "-c", CHILD, str(n_samples)], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(n_samples)], env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

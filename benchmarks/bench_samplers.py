@@ -189,7 +189,11 @@ def sgd_epochs(problem: Problem, epochs: int, batch_size: int) -> None:
 def sampler_epochs(name: str, problem: Problem, epochs: int, batch_size: int, temperature: float = 1.0) -> None:
     method = get_method(name)
     overrides = {
-        "lr": 1e-3, "epochs": epochs, "burn_in_epochs": epochs - 1, "n_samples": 1, "batch_size": batch_size,
+        "lr": 1e-3,
+        "epochs": epochs,
+        "burn_in_epochs": epochs - 1,
+        "n_samples": 1,
+        "batch_size": batch_size,
         "temperature": temperature,
     }
     if name == "sghmc":
@@ -232,7 +236,9 @@ def draw_seconds(fill: Callable[[torch.Tensor, torch.Generator], object], n: int
 
 
 def epochs_in_turns(
-    variants: dict[str, Callable[[StepTimedProblem], object]], problem: StepTimedProblem, repeats: int,
+    variants: dict[str, Callable[[StepTimedProblem], object]],
+    problem: StepTimedProblem,
+    repeats: int,
     steps_per_turn: int,
 ) -> tuple[dict[str, list[float]], dict[str, list[list[float]]]]:
     """Run every variant ``repeats`` times, the variants of a repeat in :class:`TakeTurns`; returns each
@@ -273,8 +279,10 @@ def sgmcmc_section(
     problem = make_problem(n, d)
     model = problem.make_model()
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"[{title}: N={n}, MLP {d}-200-200-10 ({n_params:,} parameters), batch {batch_size}, "
-          f"{epochs} epoch(s) per run, {repeats} runs taking turns of {steps_per_turn} steps]")
+    print(
+        f"[{title}: N={n}, MLP {d}-200-200-10 ({n_params:,} parameters), batch {batch_size}, "
+        f"{epochs} epoch(s) per run, {repeats} runs taking turns of {steps_per_turn} steps]"
+    )
     for name in ("sgld", "sghmc"):  # warm-up (registry import, allocator)
         sampler_epochs(name, make_problem(min(n, 2048), d), 1, batch_size)
     times, step_times = epochs_in_turns(
@@ -297,8 +305,10 @@ def sgmcmc_section(
     draws["Philox kernel"] = draw_seconds(lambda noise, gen: add_standard_normal(noise.numpy(), 1, 0, 1e-3), n_params)
     bits = GaussianNoise(torch.empty(1), torch.Generator()).bits
     print(f"  plain SGD epoch {sgd_epoch * 1e3:9.1f} ms; matmul floor {floor * 1e3:8.1f} ms")
-    print(f"  one N(0,I) draw of all parameters (added in place), × {steps} steps, as a share of a plain SGD epoch "
-          f"(the samplers use {bits} here):")
+    print(
+        f"  one N(0,I) draw of all parameters (added in place), × {steps} steps, as a share of a plain SGD epoch "
+        f"(the samplers use {bits} here):"
+    )
     print("    " + "; ".join(f"{k} {t * 1e3:.3f} ms ({t * steps / sgd_epoch:.1%})" for k, t in draws.items()))
     print(f"  {'':<44s} {'best':>6s}   {'median of repeats':>17s}   {'median step':>11s}")
     for name, label, target in (
@@ -309,8 +319,10 @@ def sgmcmc_section(
     ):
         step_ratio = steps_median[name] / steps_median["sgd"]
         print(ratio_line(label, times[name], times["sgd"], target, step_ratio))
-    print(f"  {'plain SGD epoch / matmul floor':<44s} {sgd_epoch / floor:6.3f}   "
-          f"{statistics.median(times['sgd']) / epochs / floor:17.3f}   {'':>11s}   target <= 2.5")
+    print(
+        f"  {'plain SGD epoch / matmul floor':<44s} {sgd_epoch / floor:6.3f}   "
+        f"{statistics.median(times['sgd']) / epochs / floor:17.3f}   {'':>11s}   target <= 2.5"
+    )
 
 
 def hmc_section(title: str, n: int, d: int, passes: int, repeats: int) -> None:
@@ -319,8 +331,14 @@ def hmc_section(title: str, n: int, d: int, passes: int, repeats: int) -> None:
     n_leapfrog = passes
     config = resolve_config(
         method,
-        {"n_leapfrog": n_leapfrog, "burn_in": 0, "n_samples": 1, "adapt_step_size": False, "step_size": 1e-5,
-         "prior_std": 1.0},
+        {
+            "n_leapfrog": n_leapfrog,
+            "burn_in": 0,
+            "n_samples": 1,
+            "adapt_step_size": False,
+            "step_size": 1e-5,
+            "prior_std": 1.0,
+        },
     )
     stats: dict[str, float] = {}
 
@@ -341,8 +359,10 @@ def hmc_section(title: str, n: int, d: int, passes: int, repeats: int) -> None:
     times = interleaved({"hmc": run_hmc, "plain": plain}, repeats)
     assert stats["grad_evals"] == n_leapfrog + 1
     print(f"[{title}: full batch N={n}, MLP {d}-200-200-10, {n_leapfrog + 1} gradients per run]")
-    print(f"  plain fwd+bwd {min(times['plain']) / (n_leapfrog + 1) * 1e3:9.1f} ms; "
-          f"HMC gradient {min(times['hmc']) / (n_leapfrog + 1) * 1e3:9.1f} ms")
+    print(
+        f"  plain fwd+bwd {min(times['plain']) / (n_leapfrog + 1) * 1e3:9.1f} ms; "
+        f"HMC gradient {min(times['hmc']) / (n_leapfrog + 1) * 1e3:9.1f} ms"
+    )
     # both runs do n_leapfrog + 1 gradients, so (grads/s HMC) / (passes/s plain) = t_plain / t_hmc
     print(f"  {'':<44s} {'best':>6s}   {'median of repeats':>17s}")
     print(ratio_line("HMC grad evals/s / plain fwd+bwd passes/s", times["plain"], times["hmc"], ">= 0.9"))
@@ -363,11 +383,23 @@ def main() -> None:
     print(f"dense float32 matmul (2048²): {flops / 1e9:.1f} GFLOP/s")
     quick = args.quick
     sgmcmc_section(
-        "digits-sized", 1437, 64, epochs=5 if quick else 10, repeats=3 if quick else 14, batch_size=128,
-        steps_per_turn=60, flops=flops,
+        "digits-sized",
+        1437,
+        64,
+        epochs=5 if quick else 10,
+        repeats=3 if quick else 14,
+        batch_size=128,
+        steps_per_turn=60,
+        flops=flops,
     )
     sgmcmc_section(
-        "MNIST-sized", 60000, 784, epochs=1, repeats=2 if quick else 10, batch_size=128, steps_per_turn=40,
+        "MNIST-sized",
+        60000,
+        784,
+        epochs=1,
+        repeats=2 if quick else 10,
+        batch_size=128,
+        steps_per_turn=40,
         flops=flops,
     )
     hmc_section("digits-sized", 1437, 64, passes=20 if quick else 40, repeats=3 if quick else 5)

@@ -51,8 +51,12 @@ def e1_problem(seed: int) -> Problem:
     ds = make_dataset("e1", 2.0, seed)
     torch.manual_seed(seed)
     return Problem(
-        ds.train_x, ds.train_y, Gaussian(float(ds.noise_std)),
-        lambda: build_mlp(ds.input_shape, 1, [100, 100, 100]), torch.Generator().manual_seed(seed), torch.device("cpu"),
+        ds.train_x,
+        ds.train_y,
+        Gaussian(float(ds.noise_std)),
+        lambda: build_mlp(ds.input_shape, 1, [100, 100, 100]),
+        torch.Generator().manual_seed(seed),
+        torch.device("cpu"),
     )
 
 
@@ -62,8 +66,12 @@ def digits_problem(seed: int) -> Problem:
     ds = load_digits_dataset({}, (), Path("."), False, seed)
     torch.manual_seed(seed)
     return Problem(
-        ds.train_x, ds.train_y, Categorical(), lambda: build_mlp(ds.input_shape, 10, [200, 200]),
-        torch.Generator().manual_seed(seed), torch.device("cpu"),
+        ds.train_x,
+        ds.train_y,
+        Categorical(),
+        lambda: build_mlp(ds.input_shape, 10, [200, 200]),
+        torch.Generator().manual_seed(seed),
+        torch.device("cpu"),
     )
 
 
@@ -86,8 +94,10 @@ def e1_comparison(copies: int, epochs: int, repeats: int) -> None:
     print(f"E.1 MLP 1-100-100-100-1, {copies} repetitions × {steps} steps (batch 32):")
     print(ratio_line(f"{copies} alone ÷ {copies} batched", times["alone"], times["batched"], "≥ 5"))
     floor = matmul_floor(copies, 32, [1, 100, 100, 100, 1], steps)
-    print(f"  batched step ÷ its matmul floor: {min(times['batched']) / floor:.2f} "
-          f"({1e3 * min(times['batched']) / steps:.3f} ms a step, floor {1e3 * floor / steps:.3f} ms)")
+    print(
+        f"  batched step ÷ its matmul floor: {min(times['batched']) / floor:.2f} "
+        f"({1e3 * min(times['batched']) / steps:.3f} ms a step, floor {1e3 * floor / steps:.3f} ms)"
+    )
 
 
 def matmul_floor(copies: int, batch: int, widths: list[int], steps: int) -> float:
@@ -202,8 +212,10 @@ def grid_projection(slice_dir: str, alone_seeds: int) -> None:
     shared = batched.groupby("method")["seeds_in_trial"].max()
     grid = load_grid(str(Path(__file__).parent.parent / "grids" / "regression.yaml"))
     every = grid.trial_specs()
-    print(f"regression grid: CPU seconds per trial at E.1 complexity {complexity:g} "
-          f"(alone: {alone_seeds} trials here; batched: per seed, from {slice_dir})")
+    print(
+        f"regression grid: CPU seconds per trial at E.1 complexity {complexity:g} "
+        f"(alone: {alone_seeds} trials here; batched: per seed, from {slice_dir})"
+    )
     totals = {"alone": 0.0, "batched": 0.0}
     for label in dict.fromkeys(s["label"] for s in every):
         cell = [s for s in every if s["label"] == label and s["dataset"] == "e1" and s["complexity"] == complexity]
@@ -217,21 +229,33 @@ def grid_projection(slice_dir: str, alone_seeds: int) -> None:
                 scale = default_n_train(spec["dataset"], float(spec["complexity"])) / default_n_train("e1", complexity)
                 for name in totals:
                     totals[name] += cost[name] * scale
-        print(f"  {label:10s} alone {alone:7.1f} s   batched {cost['batched']:6.2f} s ({int(shared[label])} seeds a trial)"
-              f"   ratio {alone / cost['batched']:5.2f}")
-    print(f"  projected grid ({len(every)} trials): {totals['alone'] / 3600:.0f} CPU-hours alone, "
-          f"{totals['batched'] / 3600:.0f} batched (ratio {totals['alone'] / totals['batched']:.2f})")
+        print(
+            f"  {label:10s} alone {alone:7.1f} s   batched {cost['batched']:6.2f} s ({int(shared[label])} seeds a trial)"
+            f"   ratio {alone / cost['batched']:5.2f}"
+        )
+    print(
+        f"  projected grid ({len(every)} trials): {totals['alone'] / 3600:.0f} CPU-hours alone, "
+        f"{totals['batched'] / 3600:.0f} batched (ratio {totals['alone'] / totals['batched']:.2f})"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer repeats")
-    parser.add_argument("--grid", metavar="SLICE_DIR", help="also project the regression grid's CPU-hours from "
-                        "the results of a complete E.1 slice (see grid_projection)")
+    parser.add_argument(
+        "--grid",
+        metavar="SLICE_DIR",
+        help="also project the regression grid's CPU-hours from "
+        "the results of a complete E.1 slice (see grid_projection)",
+    )
     parser.add_argument("--skip-ratios", action="store_true", help="only the --grid projection")
     parser.add_argument("--alone-seeds", type=int, default=2, help="trials per method run alone for --grid")
-    parser.add_argument("--seeds", metavar="METHODS", help="also compare 8 batched seeds against 8 alone for "
-                        f"these methods (comma-separated, of {','.join(QUICKSTART_SETTINGS)})")
+    parser.add_argument(
+        "--seeds",
+        metavar="METHODS",
+        help="also compare 8 batched seeds against 8 alone for "
+        f"these methods (comma-separated, of {','.join(QUICKSTART_SETTINGS)})",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)  # as the trials run (ursa_ray/tune/trainable.py)

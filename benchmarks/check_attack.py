@@ -69,7 +69,7 @@ class LogMeanProbability(nn.Module):
         self.mean, self.std, self.dtype = scale.mean[0], scale.std[0], dtype
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        x = ((pixels.to(self.dtype) - self.mean) / self.std)
+        x = (pixels.to(self.dtype) - self.mean) / self.std
         per_sample = torch.stack([n(x).log_softmax(dim=-1) for n in self.networks])
         return torch.logsumexp(per_sample, dim=0) - math.log(len(self.networks))
 
@@ -91,7 +91,9 @@ class OnPixels(nn.Module):
         return self.model(torch.where(self.varying, adversarial, self.clean))
 
 
-def margin_gradient(model: nn.Module, pixels: torch.Tensor, y: torch.Tensor, constant: torch.Tensor) -> dict[str, float]:
+def margin_gradient(
+    model: nn.Module, pixels: torch.Tensor, y: torch.Tensor, constant: torch.Tensor
+) -> dict[str, float]:
     """Over the correctly classified examples, medians of the margin m = log p̄(y|x) − maxₖ≠y log p̄(k|x),
     of ‖∇ₓ m‖₁ (pixel space), of the first-order ε = m / ‖∇ₓ m‖₁ (the L∞ radius at which the linearised
     margin reaches 0), and the mean share of ‖∇ₓ m‖₁ on the ``constant`` pixels (constant over the training
@@ -213,8 +215,10 @@ def main() -> None:
         rows.append(row)
         print(row, flush=True)
     columns = list(rows[0])
-    print(f"\nε = {EPSILON}, first {args.examples} mnist_5k test images, seed {args.seed}; accuracy under the attacked "
-          "M-sample average / under all S samples (attacks on the M-sample average unless named)\n")
+    print(
+        f"\nε = {EPSILON}, first {args.examples} mnist_5k test images, seed {args.seed}; accuracy under the attacked "
+        "M-sample average / under all S samples (attacks on the M-sample average unless named)\n"
+    )
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     for row in rows:

@@ -64,13 +64,14 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
-import torch  # noqa: E402
-
 import bench_corruptions  # noqa: E402
 import bench_samplers as bench  # noqa: E402
 import test_sgmcmc as sg  # noqa: E402
+import torch  # noqa: E402
 from exact_blr import batch_means_mcse, make_blr_problem  # noqa: E402
-from test_hmc import PRIOR_STD as HMC_PRIOR_STD, draw as hmc_draw  # noqa: E402
+from test_hmc import PRIOR_STD as HMC_PRIOR_STD  # noqa: E402
+from test_hmc import draw as hmc_draw
+
 from ursa_ray import trial as trial_module  # noqa: E402
 from ursa_ray.grid import load_grid  # noqa: E402
 from ursa_ray.methods import get_method  # noqa: E402
@@ -85,9 +86,16 @@ RESULTS: list[tuple[str, bool]] = []
 # test_hmc.chain(): 2 leapfrog steps of the adapted ε, 200 burn-in and 1000 sampling iterations
 HMC_CHAIN = dict(step_size=1e-3, n_leapfrog=2, burn_in=200, n_samples=1000, step_jitter=0.2, temperature=1.0)
 # the README's mixed-precision tolerances (bfloat16 body, float32 output layer): (absolute, relative)
-BF16_TOLERANCE = {"accuracy": (0.01, 0), "nll": (0, 0.02), "ece": (0.01, 0), "brier": (0.01, 0),
-                  "misclass_auroc_entropy": (0.01, 0), "misclass_auroc_mi": (0.002, 0),
-                  "ood_auroc_entropy": (0.01, 0), "ood_auroc_mi": (0.002, 0)}
+BF16_TOLERANCE = {
+    "accuracy": (0.01, 0),
+    "nll": (0, 0.02),
+    "ece": (0.01, 0),
+    "brier": (0.01, 0),
+    "misclass_auroc_entropy": (0.01, 0),
+    "misclass_auroc_mi": (0.002, 0),
+    "ood_auroc_entropy": (0.01, 0),
+    "ood_auroc_mi": (0.002, 0),
+}
 
 
 def report(name: str, ok: bool, detail: str) -> None:
@@ -143,10 +151,17 @@ def sgmcmc_chain(name: str) -> None:
     ratio = samples.std(0) / cov.diag().sqrt()
     mcse = batch_means_mcse(samples, n_batches=20)
     z = (samples.mean(0) - mean) / mcse
-    ok = (len(samples) == settings["n_samples"] and bool(((ratio - 1).abs() < 0.2).all())
-          and bool((mcse < 0.2 * cov.diag().sqrt()).all()) and bool((z.abs() < 3.5).all()))
-    report(f"{name} vs exact BLR posterior on {DEVICE}", ok,
-           f"std/exact {fmt(ratio)} (within 0.2), (mean-exact)/MCSE {fmt(z)} (|z| < 3.5), {len(samples)} samples")
+    ok = (
+        len(samples) == settings["n_samples"]
+        and bool(((ratio - 1).abs() < 0.2).all())
+        and bool((mcse < 0.2 * cov.diag().sqrt()).all())
+        and bool((z.abs() < 3.5).all())
+    )
+    report(
+        f"{name} vs exact BLR posterior on {DEVICE}",
+        ok,
+        f"std/exact {fmt(ratio)} (within 0.2), (mean-exact)/MCSE {fmt(z)} (|z| < 3.5), {len(samples)} samples",
+    )
 
 
 def hmc_chain() -> None:
@@ -157,12 +172,20 @@ def hmc_chain() -> None:
     mcse = batch_means_mcse(samples)
     z = (samples.mean(0) - mean) / mcse
     ratio = samples.std(0) / exact_std
-    ok = (bool((mcse < 0.1 * exact_std).all()) and bool((z.abs() < 3).all()) and bool(((ratio - 1).abs() < 0.1).all())
-          and 0.7 < stats["accept_rate"] < 0.97 and stats["divergences"] == 0)
-    report(f"hmc vs exact BLR posterior on {DEVICE}", ok,
-           f"std/exact {fmt(ratio)} (within 0.1), (mean-exact)/MCSE {fmt(z)} (|z| < 3), "
-           f"accept {stats['accept_rate']:.3f} (0.7-0.97), divergences {stats['divergences']:.0f}, "
-           f"step {stats['step_size']:.4f}")
+    ok = (
+        bool((mcse < 0.1 * exact_std).all())
+        and bool((z.abs() < 3).all())
+        and bool(((ratio - 1).abs() < 0.1).all())
+        and 0.7 < stats["accept_rate"] < 0.97
+        and stats["divergences"] == 0
+    )
+    report(
+        f"hmc vs exact BLR posterior on {DEVICE}",
+        ok,
+        f"std/exact {fmt(ratio)} (within 0.1), (mean-exact)/MCSE {fmt(z)} (|z| < 3), "
+        f"accept {stats['accept_rate']:.3f} (0.7-0.97), divergences {stats['divergences']:.0f}, "
+        f"step {stats['step_size']:.4f}",
+    )
 
 
 def one_step_noise(name: str, friction: float, seeds: int = 60) -> None:
@@ -180,8 +203,17 @@ def one_step_noise(name: str, friction: float, seeds: int = 60) -> None:
             return model
 
         extra = {"alpha": friction, "schedule": "constant"} if name == "sghmc" else {}
-        samples, _ = sg.draw(name, dataclasses.replace(problem, make_model=make_model), lr=sg.lr_for(0.03, cov),
-                             temperature=1.0, batch_size=sg.N_TRAIN, epochs=1, burn_in_epochs=0, n_samples=1, **extra)
+        samples, _ = sg.draw(
+            name,
+            dataclasses.replace(problem, make_model=make_model),
+            lr=sg.lr_for(0.03, cov),
+            temperature=1.0,
+            batch_size=sg.N_TRAIN,
+            epochs=1,
+            burn_in_epochs=0,
+            n_samples=1,
+            **extra,
+        )
         starts.append(made[0])
         ends.append(samples[0].cpu())
     theta0, theta1 = torch.stack(starts), torch.stack(ends)
@@ -189,8 +221,11 @@ def one_step_noise(name: str, friction: float, seeds: int = 60) -> None:
     values = ((theta1 - theta0 + etas[:, None] * grads) / torch.sqrt(2 * friction * etas)[:, None]).flatten()
     mean, var = values.mean().item(), values.var().item()
     ok = abs(mean) < 3 / math.sqrt(values.numel()) and 0.75 < var < 1.25
-    report(f"{name} one-step injected noise on {DEVICE}", ok,
-           f"variance / 2αηT = {var:.3f} (0.75-1.25), mean {mean:+.3f} over {values.numel()} draws")
+    report(
+        f"{name} one-step injected noise on {DEVICE}",
+        ok,
+        f"variance / 2αηT = {var:.3f} (0.75-1.25), mean {mean:+.3f} over {values.numel()} draws",
+    )
 
 
 def gaussian_noise_direct(n: int = 1_000_000, sigma: float = 0.3) -> None:
@@ -201,8 +236,11 @@ def gaussian_noise_direct(n: int = 1_000_000, sigma: float = 0.3) -> None:
     std1, std2, mean1 = once.std().item() / sigma, twice.std().item() / (sigma * math.sqrt(2)), once.mean().item()
     ok = abs(std1 - 1) < 0.01 and abs(std2 - 1) < 0.01 and abs(mean1) < 5 * sigma / math.sqrt(n)
     ok = ok and once.device == like.device and (noise.bits == "torch") == CUDA
-    report(f"GaussianNoise.add_to_ on {DEVICE} ({noise.bits})", ok,
-           f"std/σ {std1:.4f}, two draws std/(σ√2) {std2:.4f} (within 0.01), mean {mean1:+.2e}")
+    report(
+        f"GaussianNoise.add_to_ on {DEVICE} ({noise.bits})",
+        ok,
+        f"std/σ {std1:.4f}, two draws std/(σ√2) {std2:.4f} (within 0.01), mean {mean1:+.2e}",
+    )
 
 
 # --- 2. a trial through run_trial ---------------------------------------------------------------------
@@ -214,8 +252,11 @@ def trial_check() -> None:
     if CUDA:
         cls = trial_module.evaluation_precision(device, "classification")
         reg = trial_module.evaluation_precision(device, "regression")
-        report("evaluation_precision on cuda", cls is torch.bfloat16 and reg is None,
-               f"classification {cls}, regression {reg}")
+        report(
+            "evaluation_precision on cuda",
+            cls is torch.bfloat16 and reg is None,
+            f"classification {cls}, regression {reg}",
+        )
     else:
         skip("evaluation_precision on cuda", "no CUDA; the bfloat16 run below forces bfloat16 autocast on the CPU")
     grid = load_grid(ROOT / "grids" / "quickstart.yaml")
@@ -234,10 +275,13 @@ def trial_check() -> None:
     reference = {(m["eval_set"], m["metric"]): m["value"] for m in full.metrics}
     bad = [k for k, v in values.items() if not math.isfinite(v)]
     accuracy = values[("test", "accuracy")]
-    report("sgld digits trial: device and metrics", low.record["device"] == str(DEVICE) and not bad and accuracy > 0.8,
-           f"device {low.record['device']}, {len(values)} metrics, non-finite {bad or 'none'}, test accuracy "
-           f"{accuracy:.3f} (> 0.8), nll {values[('test', 'nll')]:.3f}, train {low.record['train_s']:.1f} s, "
-           f"eval {low.record['eval_s']:.2f} s")
+    report(
+        "sgld digits trial: device and metrics",
+        low.record["device"] == str(DEVICE) and not bad and accuracy > 0.8,
+        f"device {low.record['device']}, {len(values)} metrics, non-finite {bad or 'none'}, test accuracy "
+        f"{accuracy:.3f} (> 0.8), nll {values[('test', 'nll')]:.3f}, train {low.record['train_s']:.1f} s, "
+        f"eval {low.record['eval_s']:.2f} s",
+    )
     diffs, worst = [], []
     for (eval_set, metric), value in values.items():
         if metric in BF16_TOLERANCE:
@@ -246,12 +290,22 @@ def trial_check() -> None:
             diffs.append(f"{eval_set}.{metric} {value:.4f}/{reference[(eval_set, metric)]:.4f}")
             if delta > absolute + relative * abs(reference[(eval_set, metric)]):
                 worst.append(f"{eval_set}.{metric} off by {delta:.4f}")
-    dp = max(float(abs(low.predictions[k].filter(regex=r"^p\d+$").to_numpy()
-                       - full.predictions[k].filter(regex=r"^p\d+$").to_numpy()).max()) for k in low.predictions)
+    dp = max(
+        float(
+            abs(
+                low.predictions[k].filter(regex=r"^p\d+$").to_numpy()
+                - full.predictions[k].filter(regex=r"^p\d+$").to_numpy()
+            ).max()
+        )
+        for k in low.predictions
+    )
     in_effect = values[("test", "nll")] != reference[("test", "nll")]
-    report("bfloat16 evaluation vs float32 (same trial)", not worst and in_effect,
-           f"out of tolerance: {worst or 'none'}; bfloat16 in effect (nll differs): {in_effect}; "
-           f"max |Δp| over saved predictions {dp:.2e}")
+    report(
+        "bfloat16 evaluation vs float32 (same trial)",
+        not worst and in_effect,
+        f"out of tolerance: {worst or 'none'}; bfloat16 in effect (nll differs): {in_effect}; "
+        f"max |Δp| over saved predictions {dp:.2e}",
+    )
     info("bf16/fp32: " + "; ".join(diffs))
 
 
@@ -272,9 +326,12 @@ def every_quickstart_trial() -> None:
         except Exception as error:  # noqa: BLE001 - listed in the report
             failed.append(f"{name}: {type(error).__name__}: {error}")
         slowest = max(slowest, (time.perf_counter() - start, name))
-    report(f"every quickstart trial (seed 0) on {DEVICE} without Ray", not failed,
-           f"{len(specs) - len(failed)}/{len(specs)} ran with finite metrics on {DEVICE}; slowest {slowest[1]} "
-           f"{slowest[0]:.1f} s" + "".join(f"\n      {f}" for f in failed))
+    report(
+        f"every quickstart trial (seed 0) on {DEVICE} without Ray",
+        not failed,
+        f"{len(specs) - len(failed)}/{len(specs)} ran with finite metrics on {DEVICE}; slowest {slowest[1]} "
+        f"{slowest[0]:.1f} s" + "".join(f"\n      {f}" for f in failed),
+    )
 
 
 # --- 3. speed -----------------------------------------------------------------------------------------
@@ -293,7 +350,7 @@ def interleaved(variants: dict[str, Callable[[], object]], repeats: int) -> dict
     times: dict[str, list[float]] = {k: [] for k in variants}
     names = list(variants)
     for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             times[name].append(timed(variants[name]))
     return times
 
@@ -304,8 +361,14 @@ def ratios(num: list[float], den: list[float]) -> str:
 
 def device_problem(n: int) -> Problem:
     base = bench.make_problem(n, 784)  # built on the CPU; a plain Problem (no per-step CPU clock) on DEVICE
-    return Problem(base.x.to(DEVICE), base.y.to(DEVICE), base.likelihood, lambda: base.make_model().to(DEVICE),
-                   base.generator, DEVICE)
+    return Problem(
+        base.x.to(DEVICE),
+        base.y.to(DEVICE),
+        base.likelihood,
+        lambda: base.make_model().to(DEVICE),
+        base.generator,
+        DEVICE,
+    )
 
 
 def speed_sgmcmc(n: int, repeats: int = 3, batch: int = 128) -> None:
@@ -318,8 +381,10 @@ def speed_sgmcmc(n: int, repeats: int = 3, batch: int = 128) -> None:
     for fn in variants.values():  # warm-up: kernels, allocator
         fn()
     times = interleaved(variants, repeats)
-    info(f"MLP 784-200-200-10, N={n}, batch {batch}, {repeats} interleaved repeats of 1 epoch on {DEVICE}: "
-         + ", ".join(f"{k} {min(v) * 1e3:.1f} ms" for k, v in times.items()))
+    info(
+        f"MLP 784-200-200-10, N={n}, batch {batch}, {repeats} interleaved repeats of 1 epoch on {DEVICE}: "
+        + ", ".join(f"{k} {min(v) * 1e3:.1f} ms" for k, v in times.items())
+    )
     info(f"SGLD epoch / plain SGD epoch:  {ratios(times['sgld'], times['sgd'])}  (CPU target <= 1.15)")
     info(f"SGHMC epoch / plain SGD epoch: {ratios(times['sghmc'], times['sgd'])}  (CPU target <= 1.15)")
 
@@ -327,8 +392,17 @@ def speed_sgmcmc(n: int, repeats: int = 3, batch: int = 128) -> None:
 def speed_hmc(n: int, n_leapfrog: int, repeats: int = 3) -> None:
     problem = device_problem(n)
     method = get_method("hmc")
-    config = resolve_config(method, {"n_leapfrog": n_leapfrog, "burn_in": 0, "n_samples": 1,
-                                     "adapt_step_size": False, "step_size": 1e-5, "prior_std": 1.0})
+    config = resolve_config(
+        method,
+        {
+            "n_leapfrog": n_leapfrog,
+            "burn_in": 0,
+            "n_samples": 1,
+            "adapt_step_size": False,
+            "step_size": 1e-5,
+            "prior_std": 1.0,
+        },
+    )
     stats: dict[str, float] = {}
 
     def run_hmc() -> None:
@@ -347,8 +421,10 @@ def speed_hmc(n: int, n_leapfrog: int, repeats: int = 3) -> None:
     times = interleaved({"hmc": run_hmc, "plain": plain}, repeats)
     assert stats["grad_evals"] == n_leapfrog + 1
     per = {k: min(v) / (n_leapfrog + 1) * 1e3 for k, v in times.items()}
-    info(f"HMC full batch N={n}, {n_leapfrog + 1} gradients per run on {DEVICE}: HMC gradient {per['hmc']:.2f} ms, "
-         f"plain fwd+bwd {per['plain']:.2f} ms")
+    info(
+        f"HMC full batch N={n}, {n_leapfrog + 1} gradients per run on {DEVICE}: HMC gradient {per['hmc']:.2f} ms, "
+        f"plain fwd+bwd {per['plain']:.2f} ms"
+    )
     info(f"HMC grads/s / plain fwd+bwd/s: {ratios(times['plain'], times['hmc'])}  (CPU target >= 0.9)")
 
 
@@ -362,8 +438,10 @@ def speed_corruptions(n: int) -> None:
     bench_corruptions.corrupt_all(images[: bench_corruptions.WARM_UP_IMAGES])  # one-off costs, untimed
     corrupting = sum(bench_corruptions.corrupt_all(images).values())
     evaluating = bench_corruptions.evaluation_pass(images)
-    info(f"corruptions, n = {n}, 10 types x 5 severities: {corrupting:.1f} s; one ResNet50 pass {evaluating:.1f} s; "
-         f"ratio {corrupting / evaluating:.3f} (target < 1)")
+    info(
+        f"corruptions, n = {n}, 10 types x 5 severities: {corrupting:.1f} s; one ResNet50 pass {evaluating:.1f} s; "
+        f"ratio {corrupting / evaluating:.3f} (target < 1)"
+    )
 
 
 def speed_vectorised(repeats: int = 3) -> None:
@@ -380,8 +458,17 @@ def speed_vectorised(repeats: int = 3) -> None:
     sgd = {"lr": 1e-4, "momentum": 0.9, "weight_decay": 1e-4, "schedule": "cosine", "batch_size": 32, "epochs": 5}
 
     def problems(x, y, likelihood, widths, n):
-        return [Problem(x, y, likelihood, lambda: build_mlp(tuple(x.shape[1:]), int(widths[-1]), widths[:-1]).to(DEVICE),
-                        torch.Generator().manual_seed(i), DEVICE) for i in range(n)]
+        return [
+            Problem(
+                x,
+                y,
+                likelihood,
+                lambda: build_mlp(tuple(x.shape[1:]), int(widths[-1]), widths[:-1]).to(DEVICE),
+                torch.Generator().manual_seed(i),
+                DEVICE,
+            )
+            for i in range(n)
+        ]
 
     def alone(ps, config):
         for p in ps:
@@ -392,9 +479,19 @@ def speed_vectorised(repeats: int = 3) -> None:
         data = CopyData.from_problems(ps, [p.generator for p in ps], [None] * len(ps))
         train_sgd_copies(stacked, data, ps[0].likelihood, config)
 
-    cases = (("E.1 MLP, 50 repetitions", x1, y1, Gaussian(0.1), [100, 100, 100, 1], 50, sgd),
-             ("digits-sized MLP, 5 ensemble members", xd, yd, Categorical(), [200, 200, 10], 5, {**sgd, "batch_size": 128}),
-             ("digits-sized MLP, 8 copies (the SGLD chains' shape)", xd, yd, Categorical(), [200, 200, 10], 8, {**sgd, "batch_size": 128}))
+    cases = (
+        ("E.1 MLP, 50 repetitions", x1, y1, Gaussian(0.1), [100, 100, 100, 1], 50, sgd),
+        ("digits-sized MLP, 5 ensemble members", xd, yd, Categorical(), [200, 200, 10], 5, {**sgd, "batch_size": 128}),
+        (
+            "digits-sized MLP, 8 copies (the SGLD chains' shape)",
+            xd,
+            yd,
+            Categorical(),
+            [200, 200, 10],
+            8,
+            {**sgd, "batch_size": 128},
+        ),
+    )
     for label, x, y, likelihood, widths, n, config in cases:
         ps = problems(x, y, likelihood, widths, n)
         alone(ps[:1], {**config, "epochs": 1})
@@ -409,8 +506,10 @@ def speed_vectorised(repeats: int = 3) -> None:
         except torch.OutOfMemoryError:
             info(f"vectorised E.1: {n} copies do not fit")
             break
-        info(f"vectorised E.1: {n} copies, {seconds / steps * 1e3:.2f} ms a step, "
-             f"{n * steps / seconds:,.0f} copy-steps/s")
+        info(
+            f"vectorised E.1: {n} copies, {seconds / steps * 1e3:.2f} ms a step, "
+            f"{n * steps / seconds:,.0f} copy-steps/s"
+        )
 
 
 def ray_run(timeout: float) -> None:
@@ -432,8 +531,16 @@ def ray_run(timeout: float) -> None:
             from ursa_ray.grid import check_data
             from ursa_ray.tune.runner import run_grid
 
-            ray.init(address="local", num_cpus=4, num_gpus=1, object_store_memory=256 * 1024**2,
-                     include_dashboard=False, log_to_driver=False, logging_level="ERROR", _temp_dir="/tmp/rg")
+            ray.init(
+                address="local",
+                num_cpus=4,
+                num_gpus=1,
+                object_store_memory=256 * 1024**2,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="ERROR",
+                _temp_dir="/tmp/rg",
+            )
             check_data(grid)
             outcome["summary"] = run_grid(grid, folder / "results", echo=lambda line: print(f"      ray: {line}"))
             ray.shutdown()
@@ -454,10 +561,13 @@ def ray_run(timeout: float) -> None:
     for _, row in failed.iterrows():
         info(f"failed trial {row['trial_id']}: {row['error']}")
     ok = finished and len(trials) == n_trials and failed.empty and set(devices) == {str(DEVICE)}
-    report("ray run of the quickstart grid (seed 0, gpu 0.25 per trial)", ok,
-           ("" if finished else f"NOT FINISHED after {timeout:.0f} s (abandoned); ")
-           + f"{len(trials)}/{n_trials} trials written, {len(failed)} failed, device column {devices} "
-           f"(expected all {DEVICE}), results in {folder / 'results'}")
+    report(
+        "ray run of the quickstart grid (seed 0, gpu 0.25 per trial)",
+        ok,
+        ("" if finished else f"NOT FINISHED after {timeout:.0f} s (abandoned); ")
+        + f"{len(trials)}/{n_trials} trials written, {len(failed)} failed, device column {devices} "
+        f"(expected all {DEVICE}), results in {folder / 'results'}",
+    )
     if len(trials):
         info(f"ray trials wall_s: {trials['wall_s'].sum():.1f} s summed, {trials['wall_s'].max():.1f} s longest")
 
@@ -493,18 +603,40 @@ class MixedSizes:
 
 GPU_SIZES = MixedSizes(
     step_models=(("ResNet50", "resnet50", {}), ("WRN-28-10", "wide_resnet", {"depth": 28, "widen_factor": 10})),
-    batch=128, steps=20, repeats=3, warm_up=True, chains=True, noise_seeds=200,
-    small_model=("wide_resnet", {"depth": 22, "widen_factor": 1}), small_epochs=15, small_seeds=3, small_examples=None,
+    batch=128,
+    steps=20,
+    repeats=3,
+    warm_up=True,
+    chains=True,
+    noise_seeds=200,
+    small_model=("wide_resnet", {"depth": 22, "widen_factor": 1}),
+    small_epochs=15,
+    small_seeds=3,
+    small_examples=None,
     small_dataset="mnist_5k",
-    concurrent=8, concurrent_epochs=60, concurrent_dataset="mnist_5k",
+    concurrent=8,
+    concurrent_epochs=60,
+    concurrent_dataset="mnist_5k",
 )
 SMOKE_SIZES = MixedSizes(
-    step_models=(("ResNet50 (width 1)", "resnet50", {"width": 1}),
-                 ("WRN-10-1", "wide_resnet", {"depth": 10, "widen_factor": 1})),
-    batch=4, steps=1, repeats=1, warm_up=False, chains=False, noise_seeds=10,
-    small_model=("wide_resnet", {"depth": 10, "widen_factor": 1}), small_epochs=1, small_seeds=1, small_examples=32,
+    step_models=(
+        ("ResNet50 (width 1)", "resnet50", {"width": 1}),
+        ("WRN-10-1", "wide_resnet", {"depth": 10, "widen_factor": 1}),
+    ),
+    batch=4,
+    steps=1,
+    repeats=1,
+    warm_up=False,
+    chains=False,
+    noise_seeds=10,
+    small_model=("wide_resnet", {"depth": 10, "widen_factor": 1}),
+    small_epochs=1,
+    small_seeds=1,
+    small_examples=32,
     small_dataset="digits",
-    concurrent=2, concurrent_epochs=1, concurrent_dataset={"name": "e1", "complexity": [1]},
+    concurrent=2,
+    concurrent_epochs=1,
+    concurrent_dataset={"name": "e1", "complexity": [1]},
 )
 """Part 5 at sizes that only exercise the code on a CPU (``--cpu-smoke``; ``tests/test_mixed_training.py``): a
 regression trial for the concurrency part, whose evaluation is cheaper than a classification trial's."""
@@ -524,10 +656,17 @@ def mixed_sgmcmc_chain(name: str) -> None:
     ratio = samples.std(0) / cov.diag().sqrt()
     mcse = batch_means_mcse(samples, n_batches=20)
     z = (samples.mean(0) - mean) / mcse
-    ok = (len(samples) == settings["n_samples"] and bool(((ratio - 1).abs() < 0.2).all())
-          and bool((mcse < 0.2 * cov.diag().sqrt()).all()) and bool((z.abs() < 3.5).all()))
-    report(f"{name} vs exact BLR posterior, bf16-mixed, on {DEVICE}", ok,
-           f"std/exact {fmt(ratio)} (within 0.2), (mean-exact)/MCSE {fmt(z)} (|z| < 3.5), {len(samples)} samples")
+    ok = (
+        len(samples) == settings["n_samples"]
+        and bool(((ratio - 1).abs() < 0.2).all())
+        and bool((mcse < 0.2 * cov.diag().sqrt()).all())
+        and bool((z.abs() < 3.5).all())
+    )
+    report(
+        f"{name} vs exact BLR posterior, bf16-mixed, on {DEVICE}",
+        ok,
+        f"std/exact {fmt(ratio)} (within 0.2), (mean-exact)/MCSE {fmt(z)} (|z| < 3.5), {len(samples)} samples",
+    )
 
 
 def mixed_one_step_noise(name: str, friction: float, seeds: int) -> None:
@@ -547,8 +686,17 @@ def mixed_one_step_noise(name: str, friction: float, seeds: int) -> None:
             return model
 
         extra = {"alpha": friction, "schedule": "constant"} if name == "sghmc" else {}
-        samples, _ = sg.draw(name, dataclasses.replace(problem, make_model=make_model), lr=sg.lr_for(0.03, cov),
-                             temperature=1.0, batch_size=sg.N_TRAIN, epochs=1, burn_in_epochs=0, n_samples=1, **extra)
+        samples, _ = sg.draw(
+            name,
+            dataclasses.replace(problem, make_model=make_model),
+            lr=sg.lr_for(0.03, cov),
+            temperature=1.0,
+            batch_size=sg.N_TRAIN,
+            epochs=1,
+            burn_in_epochs=0,
+            n_samples=1,
+            **extra,
+        )
         starts.append(made[0])
         ends.append(samples[0].cpu())
     theta0, theta1 = torch.stack(starts), torch.stack(ends)
@@ -557,8 +705,11 @@ def mixed_one_step_noise(name: str, friction: float, seeds: int) -> None:
     n = values.numel()
     low, high = (scipy.stats.chi2.ppf(q, n - 1) / (n - 1) for q in (0.0005, 0.9995))
     var, mean = values.var().item(), values.mean().item()
-    report(f"{name} one-step injected noise, bf16-mixed, on {DEVICE}", low < var < high and abs(mean) < 3.3 / math.sqrt(n),
-           f"variance / 2αηT = {var:.3f} ({low:.3f}-{high:.3f}), mean {mean:+.3f} over {n} draws")
+    report(
+        f"{name} one-step injected noise, bf16-mixed, on {DEVICE}",
+        low < var < high and abs(mean) < 3.3 / math.sqrt(n),
+        f"variance / 2αηT = {var:.3f} ({low:.3f}-{high:.3f}), mean {mean:+.3f} over {n} draws",
+    )
 
 
 def master_weights() -> None:
@@ -578,10 +729,12 @@ def master_weights() -> None:
     chain.step(x, y, lr=1e-12 * 64)
     movement = chain.flat.theta.double() - before
     std = movement.std().item()
-    report(f"noise of 1e-4 on float32 master weights at 1.0, bf16-mixed, on {DEVICE}",
-           chain.flat.theta.dtype == torch.float32 and bool((movement != 0).all()) and abs(std / 1e-4 - 1) < 0.1,
-           f"theta {chain.flat.theta.dtype}, {int((movement == 0).sum())} of {movement.numel()} weights unmoved, "
-           f"std of the move / 1e-4 = {std / 1e-4:.3f} (within 0.1)")
+    report(
+        f"noise of 1e-4 on float32 master weights at 1.0, bf16-mixed, on {DEVICE}",
+        chain.flat.theta.dtype == torch.float32 and bool((movement != 0).all()) and abs(std / 1e-4 - 1) < 0.1,
+        f"theta {chain.flat.theta.dtype}, {int((movement == 0).sum())} of {movement.numel()} weights unmoved, "
+        f"std of the move / 1e-4 = {std / 1e-4:.3f} (within 0.1)",
+    )
 
 
 def build_network(name: str, options: dict, input_shape: tuple[int, ...], n_outputs: int) -> torch.nn.Module:
@@ -614,8 +767,14 @@ def small_network_accuracy(sizes: MixedSizes) -> None:
     n = sizes.small_examples or len(ds.train_y)
     x, y = ds.train_x[:n].to(DEVICE), ds.train_y[:n].to(DEVICE)
     test_x = ds.test_x.to(DEVICE)
-    config = {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "epochs": sizes.small_epochs, "batch_size": 128,
-              "schedule": "cosine"}
+    config = {
+        "lr": 0.05,
+        "momentum": 0.9,
+        "weight_decay": 5e-4,
+        "epochs": sizes.small_epochs,
+        "batch_size": 128,
+        "schedule": "cosine",
+    }
     name, options = sizes.small_model
     accuracy: dict[str, list[float]] = {}
     for precision, dtype in PRECISION_DTYPES.items():
@@ -623,8 +782,15 @@ def small_network_accuracy(sizes: MixedSizes) -> None:
         for seed in range(sizes.small_seeds):
             torch.manual_seed(seed)
             model = build_network(name, options, tuple(x.shape[1:]), ds.n_outputs)
-            problem = Problem(x, y, Categorical(), lambda: model, torch.Generator().manual_seed(seed), DEVICE,
-                              training_precision=dtype)
+            problem = Problem(
+                x,
+                y,
+                Categorical(),
+                lambda: model,
+                torch.Generator().manual_seed(seed),
+                DEVICE,
+                training_precision=dtype,
+            )
             train_sgd(model, problem, config, {})
             model.eval()
             correct = (predict(model, test_x).argmax(1).cpu() == ds.test_y).double().mean().item()
@@ -633,8 +799,10 @@ def small_network_accuracy(sizes: MixedSizes) -> None:
     spread = max(max(max(v) - min(v) for v in accuracy.values()), 1 / len(ds.test_y))
     gap = abs(means["bf16-mixed"] - means["float32"])
     detail = "; ".join(f"{k} {', '.join(f'{a:.4f}' for a in v)} (mean {means[k]:.4f})" for k, v in accuracy.items())
-    text = (f"{name} {options} SGD on {dataset} ({n} examples, {sizes.small_epochs} epochs), test accuracy: {detail}; "
-            f"|Δ mean| {gap:.4f} vs seed spread {spread:.4f}")
+    text = (
+        f"{name} {options} SGD on {dataset} ({n} examples, {sizes.small_epochs} epochs), test accuracy: {detail}; "
+        f"|Δ mean| {gap:.4f} vs seed spread {spread:.4f}"
+    )
     if sizes is SMOKE_SIZES:
         info(f"smoke (not judged): {text}")
     else:
@@ -689,7 +857,9 @@ def step_variants(model_name: str, options: dict, sizes: MixedSizes, precision: 
     model = network()
     ensemble = get_method("deep_ensemble")
     member_config = resolve_config(ensemble, {"lr": 1e-3, "batch_size": sizes.batch, "epochs": 1, "n_samples": 1})
-    variants["ensemble_member"] = lambda m=model: [None for _ in ensemble.sample_posterior(problem_for(m), member_config, {})]
+    variants["ensemble_member"] = lambda m=model: [
+        None for _ in ensemble.sample_posterior(problem_for(m), member_config, {})
+    ]
     return variants
 
 
@@ -737,22 +907,30 @@ def step_times(sizes: MixedSizes, peak_override: float | None) -> None:
                 step = min(seconds) / sizes.steps
                 per_step[(method, precision)] = step
                 mfu = f"{flops / step / peak * 100:.1f}%" if peak else "n/a"
-                info(f"step {label} batch {sizes.batch} {precision:10s} {method:16s} {step * 1e3:8.2f} ms  "
-                     f"MFU {mfu}  ({flops / 1e9:.1f} GFLOP fwd+bwd)")
+                info(
+                    f"step {label} batch {sizes.batch} {precision:10s} {method:16s} {step * 1e3:8.2f} ms  "
+                    f"MFU {mfu}  ({flops / 1e9:.1f} GFLOP fwd+bwd)"
+                )
             del variants
             if CUDA:
                 torch.cuda.empty_cache()
         for precision in PRECISION_DTYPES:
             sgd = per_step[("sgd", precision)]
-            info(f"ratio {label} {precision}: SGLD ÷ SGD {per_step[('sgld', precision)] / sgd:.3f}, "
-                 f"SGHMC ÷ SGD {per_step[('sghmc', precision)] / sgd:.3f} (target <= 1.05)")
+            info(
+                f"ratio {label} {precision}: SGLD ÷ SGD {per_step[('sgld', precision)] / sgd:.3f}, "
+                f"SGHMC ÷ SGD {per_step[('sghmc', precision)] / sgd:.3f} (target <= 1.05)"
+            )
         for method in STEP_METHODS:
-            info(f"speed-up {label} {method}: float32 ÷ bf16-mixed "
-                 f"{per_step[(method, 'float32')] / per_step[(method, 'bf16-mixed')]:.2f}x")
+            info(
+                f"speed-up {label} {method}: float32 ÷ bf16-mixed "
+                f"{per_step[(method, 'float32')] / per_step[(method, 'bf16-mixed')]:.2f}x"
+            )
         if model_name == "resnet50" and not options:
             sgld = per_step[("sgld", "bf16-mixed")] * 1e3
-            info(f"target ResNet50 SGLD bf16-mixed step {sgld:.2f} ms: {16.4 / sgld:.2f}x faster than float32's "
-                 f"16.4 ms on an H200 before this change (target >= 2.5x: {'met' if 16.4 / sgld >= 2.5 else 'NOT met'})")
+            info(
+                f"target ResNet50 SGLD bf16-mixed step {sgld:.2f} ms: {16.4 / sgld:.2f}x faster than float32's "
+                f"16.4 ms on an H200 before this change (target >= 2.5x: {'met' if 16.4 / sgld >= 2.5 else 'NOT met'})"
+            )
 
 
 def _concurrency_warm_up() -> None:
@@ -796,8 +974,15 @@ def concurrent_trials(sizes: MixedSizes) -> None:
             dataset = "digits"
     label = dataset if isinstance(dataset, str) else dataset["name"]
     k = sizes.concurrent
-    raw = {"name": "concurrency", "methods": ["sgd"], "models": ["mlp"], "datasets": [dataset], "seeds": k,
-           "resources": {"cpu": 1, "gpu": 0.125}, "budget": {"epochs": sizes.concurrent_epochs, "batch_size": 128}}
+    raw = {
+        "name": "concurrency",
+        "methods": ["sgd"],
+        "models": ["mlp"],
+        "datasets": [dataset],
+        "seeds": k,
+        "resources": {"cpu": 1, "gpu": 0.125},
+        "budget": {"epochs": sizes.concurrent_epochs, "batch_size": 128},
+    }
     folder = Path(tempfile.mkdtemp(prefix="gpu_check_concurrency_", dir="/tmp"))
     (folder / "grid.yaml").write_text(yaml.safe_dump(raw))
     specs = load_grid(folder / "grid.yaml").trial_specs()
@@ -816,12 +1001,16 @@ def concurrent_trials(sizes: MixedSizes) -> None:
     trains = [r[0] for r in results]
     walls = [r[1] for r in results]
     devices = sorted({r[2] for r in results} | {device})
-    info(f"concurrency: {k} trials sgd/mlp/{label} ({sizes.concurrent_epochs} epochs, gpu 0.125 each, "
-         f"{len(pids)} warm worker processes) on {devices}: alone train {alone_train:.2f} s, wall {alone_wall:.2f} s; "
-         f"concurrent train median {statistics.median(trains):.2f} s (max {max(trains):.2f}), wall median "
-         f"{statistics.median(walls):.2f} s, batch wall {batch_wall:.2f} s")
-    info(f"concurrency: slowdown (median concurrent train ÷ alone) {statistics.median(trains) / alone_train:.2f}x; "
-         f"throughput gain ({k} × alone wall ÷ batch wall) {k * alone_wall / batch_wall:.2f}x")
+    info(
+        f"concurrency: {k} trials sgd/mlp/{label} ({sizes.concurrent_epochs} epochs, gpu 0.125 each, "
+        f"{len(pids)} warm worker processes) on {devices}: alone train {alone_train:.2f} s, wall {alone_wall:.2f} s; "
+        f"concurrent train median {statistics.median(trains):.2f} s (max {max(trains):.2f}), wall median "
+        f"{statistics.median(walls):.2f} s, batch wall {batch_wall:.2f} s"
+    )
+    info(
+        f"concurrency: slowdown (median concurrent train ÷ alone) {statistics.median(trains) / alone_train:.2f}x; "
+        f"throughput gain ({k} × alone wall ÷ batch wall) {k * alone_wall / batch_wall:.2f}x"
+    )
 
 
 def augmentation_on_device() -> None:
@@ -833,9 +1022,12 @@ def augmentation_on_device() -> None:
     x = torch.randn(128, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     on_cpu = augment(x, torch.Generator().manual_seed(1))
     on_gpu = augment(x.to(DEVICE).to(memory_format=torch.channels_last), torch.Generator().manual_seed(1))
-    report("random crop + flip on the device equals the CPU's", torch.equal(on_gpu.cpu(), on_cpu),
-           f"max |difference| {float((on_gpu.cpu() - on_cpu).abs().max()):.1e}, layout channels-last kept: "
-           f"{on_gpu.is_contiguous(memory_format=torch.channels_last)}")
+    report(
+        "random crop + flip on the device equals the CPU's",
+        torch.equal(on_gpu.cpu(), on_cpu),
+        f"max |difference| {float((on_gpu.cpu() - on_cpu).abs().max()):.1e}, layout channels-last kept: "
+        f"{on_gpu.is_contiguous(memory_format=torch.channels_last)}",
+    )
 
 
 def mixed_precision_part(sizes: MixedSizes, peak_override: float | None) -> None:
@@ -861,12 +1053,20 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="skip the Ray part")
     parser.add_argument("--deadline", type=float, default=570.0, help="watchdog: exit after this many seconds")
     parser.add_argument("--ray-timeout", type=float, default=150.0, help="abandon the Ray part after this long")
-    parser.add_argument("--parts", default=",".join(PARTS),
-                        help=f"comma-separated parts to run, of {','.join(PARTS)} (default: all)")
-    parser.add_argument("--peak-tflops", type=float, default=None,
-                        help="the device's dense bfloat16 peak for MFU, where the built-in table lacks it")
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="part 5 only, at tiny sizes on the CPU: exercises the code, measures nothing")
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma-separated parts to run, of {','.join(PARTS)} (default: all)"
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the device's dense bfloat16 peak for MFU, where the built-in table lacks it",
+    )
+    parser.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="part 5 only, at tiny sizes on the CPU: exercises the code, measures nothing",
+    )
     args = parser.parse_args()
     parts = {"mixed"} if args.cpu_smoke else set(args.parts.split(","))
     if args.cpu_smoke:
@@ -884,8 +1084,10 @@ def main() -> int:
         ray_version = None
 
     name = torch.cuda.get_device_name(0) if CUDA else "none"
-    info(f"torch {torch.__version__} (CUDA {torch.version.cuda}), ray {ray_version}, {os.cpu_count()} CPUs, "
-         f"GPU: {name}; checks run on {DEVICE}")
+    info(
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}), ray {ray_version}, {os.cpu_count()} CPUs, "
+        f"GPU: {name}; checks run on {DEVICE}"
+    )
     if not CUDA:
         print("SKIP  GPU: no CUDA device; every part runs on the CPU to exercise this script, GPU-only checks skip")
     torch.manual_seed(0)
@@ -933,8 +1135,10 @@ def main() -> int:
             guarded("ray", lambda: ray_run(min(args.ray_timeout, remaining)))
 
     failed = [n for n, ok in RESULTS if not ok]
-    print(f"\nSUMMARY: {len(RESULTS) - len(failed)} PASS, {len(failed)} FAIL"
-          f"{': ' + ', '.join(failed) if failed else ''} in {time.perf_counter() - start:.0f} s on {DEVICE}")
+    print(
+        f"\nSUMMARY: {len(RESULTS) - len(failed)} PASS, {len(failed)} FAIL"
+        f"{': ' + ', '.join(failed) if failed else ''} in {time.perf_counter() - start:.0f} s on {DEVICE}"
+    )
     return 1 if failed else 0
 
 

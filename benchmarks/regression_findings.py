@@ -61,8 +61,15 @@ def _overrides(items: list[str]) -> dict[str, dict[str, object]]:
     return out
 
 
-def specs(grid_path: str, labels: list[str], complexities: list[float], reps: int, first_seed: int,
-          epochs: int | None, overrides: dict[str, dict[str, object]]) -> list[dict]:
+def specs(
+    grid_path: str,
+    labels: list[str],
+    complexities: list[float],
+    reps: int,
+    first_seed: int,
+    epochs: int | None,
+    overrides: dict[str, dict[str, object]],
+) -> list[dict]:
     from ursa_ray.grid import load_grid
 
     chosen = []
@@ -110,8 +117,11 @@ def run(args: argparse.Namespace) -> None:
         points["wall_s"] = wall
         frames.append(points)
         test = {m["metric"]: m["value"] for m in outcome.metrics if m.get("eval_set") == "test"}
-        print(f"{args.tag} {spec['label']} f={spec['complexity']} rep={spec['seed']} {wall:.0f}s "
-              f"{ {k: round(v, 4) for k, v in test.items()} }", flush=True)
+        print(
+            f"{args.tag} {spec['label']} f={spec['complexity']} rep={spec['seed']} {wall:.0f}s "
+            f"{ {k: round(v, 4) for k, v in test.items()} }",
+            flush=True,
+        )
         new = pd.concat(frames, ignore_index=True)
         old = pd.read_parquet(out) if out.exists() else None
         if old is not None:
@@ -134,19 +144,24 @@ def _table(points: pd.DataFrame) -> pd.DataFrame:
         ind = g[g["in_distribution"]]
         far = g[~g["in_distribution"]]
         # the frequentist error of the prediction at a point: its bias over repetitions and its spread
-        per_point = ind.groupby("point_id").agg(bias=("mean", "mean"), truth=("truth", "first"),
-                                                  sd=("mean", "std"))
+        per_point = ind.groupby("point_id").agg(bias=("mean", "mean"), truth=("truth", "first"), sd=("mean", "std"))
         row = {
-            "tag": tag, "label": label, "f": c, "k": g["repetition"].nunique(),
-            "cov_in": ind["covered"].mean(), "a_cov_in": (ind["a_dev"] <= 1.96 * ind["a_std"]).mean(),
-            "std_in": ind["std"].mean(), "a_std_in": ind["a_std"].mean(),
+            "tag": tag,
+            "label": label,
+            "f": c,
+            "k": g["repetition"].nunique(),
+            "cov_in": ind["covered"].mean(),
+            "a_cov_in": (ind["a_dev"] <= 1.96 * ind["a_std"]).mean(),
+            "std_in": ind["std"].mean(),
+            "a_std_in": ind["a_std"].mean(),
             "ratio_in": (ind["std"] / ind["a_std"]).median(),
-            "rmse_in": float(np.sqrt((ind["dev"] ** 2).mean())), "a_rmse_in": float(np.sqrt((ind["a_dev"] ** 2).mean())),
+            "rmse_in": float(np.sqrt((ind["dev"] ** 2).mean())),
+            "a_rmse_in": float(np.sqrt((ind["a_dev"] ** 2).mean())),
             "bias_in": float(np.sqrt(((per_point["bias"] - per_point["truth"]) ** 2).mean())),
             "repsd_in": float(np.sqrt((per_point["sd"] ** 2).mean())) if g["repetition"].nunique() > 1 else np.nan,
             "cov_ood": far["covered"].mean(),
         }
-        for name, x in NAMED.items():
+        for x in NAMED.values():
             at = g[np.isclose(g["x"], x)]
             row[f"cov[{x}]"] = at["covered"].mean()
             row[f"std[{x}]"] = at["std"].mean()
@@ -179,8 +194,22 @@ def summary(args: argparse.Namespace) -> None:
     if args.tag:
         t = t[t["tag"].isin(args.tag.split(","))]
     pd.set_option("display.width", 250, "display.max_columns", 40, "display.max_rows", 400)
-    cols = ["tag", "label", "f", "k", "cov_in", "a_cov_in", "std_in", "a_std_in", "ratio_in", "rmse_in",
-            "a_rmse_in", "bias_in", "repsd_in", "cov_ood"]
+    cols = [
+        "tag",
+        "label",
+        "f",
+        "k",
+        "cov_in",
+        "a_cov_in",
+        "std_in",
+        "a_std_in",
+        "ratio_in",
+        "rmse_in",
+        "a_rmse_in",
+        "bias_in",
+        "repsd_in",
+        "cov_ood",
+    ]
     print(t[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print()
     named = ["tag", "label", "f"] + [c for c in t.columns if "[" in c]
@@ -231,8 +260,12 @@ def curves(args: argparse.Namespace) -> None:
 
     points = results_points(args.path, "run") if Path(args.path).is_dir() else pd.read_parquet(args.path)
     t = _table(points).sort_values("f")
-    panels = (("cov_in", "in-distribution coverage"), ("ratio_in", "std ÷ anchor std (in-dist., median)"),
-              ("cov_ood", "OOD coverage"), ("cov[-5.11]", "coverage at x = −5.11"))
+    panels = (
+        ("cov_in", "in-distribution coverage"),
+        ("ratio_in", "std ÷ anchor std (in-dist., median)"),
+        ("cov_ood", "OOD coverage"),
+        ("cov[-5.11]", "coverage at x = −5.11"),
+    )
     fig, axes = plt.subplots(1, len(panels), figsize=(14, 3.4))
     for ax, (column, title) in zip(axes, panels):
         for label, g in t.groupby("label", sort=False):
@@ -274,8 +307,10 @@ def anchor(args: argparse.Namespace) -> None:
         x = ds.test_x[:, 0].double().numpy()
         inside = ds.test_info["in_distribution"].numpy()
         at = {name: int(np.argmin(np.abs(x - v))) for name, v in NAMED.items()}
-        print(f"f={c:g} k={args.reps}: coverage in-dist {covered[:, inside].mean():.3f}, OOD {covered[:, ~inside].mean():.3f}; "
-              + ", ".join(f"{n}: cov {covered[:, i].mean():.2f} std {stds[:, i].mean():.4f}" for n, i in at.items()))
+        print(
+            f"f={c:g} k={args.reps}: coverage in-dist {covered[:, inside].mean():.3f}, OOD {covered[:, ~inside].mean():.3f}; "
+            + ", ".join(f"{n}: cov {covered[:, i].mean():.2f} std {stds[:, i].mean():.4f}" for n, i in at.items())
+        )
 
 
 def main() -> None:

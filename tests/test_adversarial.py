@@ -53,9 +53,7 @@ def average_of(*networks: nn.Module, batch_size: int = 512) -> ModelAverage:
 
 def mlp(seed: int, dropout: float = 0.0, classes: int = 4) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(
-        nn.Flatten(), nn.Linear(12, 32), nn.Tanh(), nn.Dropout(dropout), nn.Linear(32, classes)
-    ).eval()
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, 32), nn.Tanh(), nn.Dropout(dropout), nn.Linear(32, classes)).eval()
 
 
 def pixel_weights(w: torch.Tensor) -> torch.Tensor:

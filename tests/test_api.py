@@ -12,7 +12,10 @@ from ursa_ray.grid import GridError, load_grid
 
 GRID = {
     "name": "api",
-    "methods": [{"name": "sgd", "hyperparameters": {"lr": 0.05}}, {"name": "mc_dropout", "hyperparameters": {"p": 0.3}}],
+    "methods": [
+        {"name": "sgd", "hyperparameters": {"lr": 0.05}},
+        {"name": "mc_dropout", "hyperparameters": {"p": 0.3}},
+    ],
     "models": [{"name": "mlp", "options": {"widths": [16]}}],
     "datasets": [{"name": "digits", "ood": ["noise"]}],
     "seeds": [0],
@@ -22,7 +25,9 @@ GRID = {
     "adversarial": {"attacks": ["fgsm"], "n_examples": 50, "attack_samples": 2},
 }
 TIMINGS = {  # metrics that are clock readings: they differ between any two runs
-    "train_s", "s_per_sample", "predict_s_per_example",
+    "train_s",
+    "s_per_sample",
+    "predict_s_per_example",
 }
 
 
@@ -46,7 +51,9 @@ def test_api_and_cli_give_identical_tables(both_runs):
     pd.testing.assert_frame_equal(values[0], values[1])
     assert len(values[0]) > 100
     columns = ["trial_id", "method", "status", "n_samples", "n_params", "config", "transfer_from"]
-    pd.testing.assert_frame_equal(*(t.trials[columns].sort_values("trial_id").reset_index(drop=True) for t in (cli, api)))
+    pd.testing.assert_frame_equal(
+        *(t.trials[columns].sort_values("trial_id").reset_index(drop=True) for t in (cli, api))
+    )
     timeless = [c for c in cli.composites.columns if not c.startswith("s_per_sample")]  # and its interval
     pd.testing.assert_frame_equal(cli.composites[timeless], api.composites[timeless])
     assert set(cli.composites.index) == {"mc_dropout", "sgd"}
@@ -56,7 +63,9 @@ def test_api_keeps_the_grid_it_ran(both_runs):
     """A dict grid has no file: the results directory keeps its YAML, which validates back to the same trials."""
     folder, _, _ = both_runs
     kept = load_grid(folder / "api" / "grid.yaml")
-    assert [s["trial_id"] for s in kept.trial_specs()] == [s["trial_id"] for s in load_grid(folder / "api.yaml").trial_specs()]
+    assert [s["trial_id"] for s in kept.trial_specs()] == [
+        s["trial_id"] for s in load_grid(folder / "api.yaml").trial_specs()
+    ]
     assert (folder / "cli" / "grid.yaml").read_text() == (folder / "api.yaml").read_text()  # a file is kept as written
 
 
@@ -87,9 +96,14 @@ def test_run_with_an_address_where_no_cluster_answers_fails_fast_in_one_line(tmp
     env = {k: v for k, v in __import__("os").environ.items() if k != "RAY_ADDRESS"}
     run = subprocess.run(
         [sys.executable, "-m", "ursa_ray.cli", "run", str(grid_file), "--out", str(out), "--address", "127.0.0.1:1"],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert run.returncode == 2, run.stdout + run.stderr
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --address 127.0.0.1:1: no Ray cluster answers there"), run.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: --address 127.0.0.1:1: no Ray cluster answers there"), (
+        run.stderr
+    )
     assert not out.exists()

@@ -105,7 +105,7 @@ def _no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _bomb() -> str:
     """A "billion laughs" description: 9 levels of 9 aliases, 9^9 (387 million) strings once expanded."""
-    lines = ['description:', '  a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines = ["description:", '  a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     for previous, name in zip("abcdefgh", "bcdefghi"):
         lines.append(f"  {name}: &{name} [{', '.join([f'*{previous}'] * 9)}]")
     return grid_text() + "\n".join(lines) + "\n"
@@ -115,30 +115,54 @@ GRID_FILES: dict[str, tuple[Callable[[], str | bytes], str, str]] = {
     # case: (the file's content, the field after "GRID: ", what the message says)
     "duplicate key": (lambda: grid_text() + "seeds: 2\n", "line ", "key 'seeds' appears twice (first on line"),
     "duplicate nested key": (
-        lambda: grid_text().replace("  hyperparameters:\n    epochs: 1\n", "  hyperparameters:\n    epochs: 1\n    epochs: 2\n"),
-        "line ", "key 'epochs' appears twice",
+        lambda: grid_text().replace(
+            "  hyperparameters:\n    epochs: 1\n", "  hyperparameters:\n    epochs: 1\n    epochs: 2\n"
+        ),
+        "line ",
+        "key 'epochs' appears twice",
     ),
     "yaml alias bomb": (_bomb, "line ", f"expands to more than {MAX_YAML_NODES:,} values through its aliases"),
-    "nested too deeply": (lambda: grid_text() + "description: " + "[" * 5000 + "]" * 5000 + "\n", "YAML: ",
-                          "nested too deeply to read"),
+    "nested too deeply": (
+        lambda: grid_text() + "description: " + "[" * 5000 + "]" * 5000 + "\n",
+        "YAML: ",
+        "nested too deeply to read",
+    ),
     "not utf-8": (lambda: grid_text().encode() + "description: café\n".encode("latin-1"), "byte ", "not UTF-8 text"),
     "name escapes results/": (lambda: grid_text(name="../../x"), "name: ", "the name is the folder results/<name>"),
     "name with a separator": (lambda: grid_text(name="a/b"), "name: ", "starting with a letter or digit"),
-    "huge seed": (lambda: grid_text(seeds=[99999999999999999999]), "seeds[0]: ", f"expected an integer in [0, {MAX_SEED}]"),
+    "huge seed": (
+        lambda: grid_text(seeds=[99999999999999999999]),
+        "seeds[0]: ",
+        f"expected an integer in [0, {MAX_SEED}]",
+    ),
     "seed past 2^31": (lambda: grid_text(seeds=[0, 2**31]), "seeds[1]: ", "(2^31 - 1), got 2147483648"),
-    "a billion seeds": (lambda: grid_text(seeds=10**9), "seeds: ",
-                        "1 cells x 1,000,000,000 seeds = 1,000,000,000 final trials, more than max_trials (100,000)"),
-    "nan learning rate": (lambda: grid_text().replace("epochs: 1", "epochs: 1\n    lr: .nan"),
-                          "methods[0].hyperparameters.lr: ", "expected a finite number, got nan"),
-    "infinite learning rate": (lambda: grid_text().replace("epochs: 1", "epochs: 1\n    lr: .inf"),
-                               "methods[0].hyperparameters.lr: ", "expected a finite number, got inf"),
+    "a billion seeds": (
+        lambda: grid_text(seeds=10**9),
+        "seeds: ",
+        "1 cells x 1,000,000,000 seeds = 1,000,000,000 final trials, more than max_trials (100,000)",
+    ),
+    "nan learning rate": (
+        lambda: grid_text().replace("epochs: 1", "epochs: 1\n    lr: .nan"),
+        "methods[0].hyperparameters.lr: ",
+        "expected a finite number, got nan",
+    ),
+    "infinite learning rate": (
+        lambda: grid_text().replace("epochs: 1", "epochs: 1\n    lr: .inf"),
+        "methods[0].hyperparameters.lr: ",
+        "expected a finite number, got inf",
+    ),
     "nan in a search space": (
         lambda: grid_text(search={"n_trials": 2}).replace(
-            "epochs: 1\n", "epochs: 1\n  search:\n    lr: {type: uniform, low: .nan, high: 0.1}\n"),
-        "methods[0].search.lr: ", "expected a finite number, got nan",
+            "epochs: 1\n", "epochs: 1\n  search:\n    lr: {type: uniform, low: .nan, high: 0.1}\n"
+        ),
+        "methods[0].search.lr: ",
+        "expected a finite number, got nan",
     ),
-    "infinite search budget": (lambda: grid_text(search={"cpu_seconds": float("inf")}),
-                               "search.cpu_seconds: ", "expected a positive number, got inf"),
+    "infinite search budget": (
+        lambda: grid_text(search={"cpu_seconds": float("inf")}),
+        "search.cpu_seconds: ",
+        "expected a positive number, got inf",
+    ),
     "description not text": (lambda: grid_text(description=[1, 2]), "description: ", "expected a string"),
 }
 
@@ -203,28 +227,58 @@ def _symlink_loop(folder: Path) -> None:
 
 DATA_FILES: dict[str, tuple[Callable[[Path], None], dict[str, Any], str, str]] = {
     # case: (write the files, the dataset entry, the field after "datasets[0].", what the message says)
-    "label 2^40": (lambda p: npz(p, y_train=np.r_[0, 1, 2**40, np.zeros(N_TRAIN - 3, int)]), entry(),
-                   "file.path", "holds label 1099511627776: at most 100,000 classes"),
+    "label 2^40": (
+        lambda p: npz(p, y_train=np.r_[0, 1, 2**40, np.zeros(N_TRAIN - 3, int)]),
+        entry(),
+        "file.path",
+        "holds label 1099511627776: at most 100,000 classes",
+    ),
     "an id column as the label": (
         _id_column_as_label,
-        {"name": "tab", "file": {"format": "parquet", "path": "t.parquet", "task": "classification", "label": "row_id"}},
-        "file.label", "holds label 1000000000011: at most 100,000 classes",
+        {
+            "name": "tab",
+            "file": {"format": "parquet", "path": "t.parquet", "task": "classification", "label": "row_id"},
+        },
+        "file.label",
+        "holds label 1000000000011: at most 100,000 classes",
     ),
-    "images channels in 2": (lambda p: npz(p, **images((8, 8, 2))), entry(),
-                             "file.path", "images have 1 (grayscale) or 3 (RGB) channels"),
+    "images channels in 2": (
+        lambda p: npz(p, **images((8, 8, 2))),
+        entry(),
+        "file.path",
+        "images have 1 (grayscale) or 3 (RGB) channels",
+    ),
     "images of size 0": (lambda p: npz(p, **images((0, 0))), entry(), "file.path", "an example of size 0"),
-    "features of size 0": (lambda p: npz(p, x_train=np.zeros((N_TRAIN, 0)), x_test=np.zeros((N_TEST, 0))), entry(),
-                           "file.path", "an example of size 0"),
+    "features of size 0": (
+        lambda p: npz(p, x_train=np.zeros((N_TRAIN, 0)), x_test=np.zeros((N_TEST, 0))),
+        entry(),
+        "file.path",
+        "an example of size 0",
+    ),
     "symlink loop": (_symlink_loop, entry("loop.npz"), "file.path", "cannot resolve 'loop.npz'"),
     # already refused before issue 27; kept so that no change reopens them
-    "nan pixels": (lambda p: npz(p, x_train=np.where(np.arange(N_TRAIN * 16).reshape(N_TRAIN, 4, 4) == 5, np.nan, 0.5),
-                                 x_test=np.full((N_TEST, 4, 4), 0.5)), entry(),
-                   "file.path", "x_train holds 1 NaN or infinite value(s)"),
-    "string labels": (lambda p: npz(p, y_train=np.array(["cat", "dog"] * (N_TRAIN // 2))), entry(),
-                      "file.path", "y_train must hold numbers, got dtype <U3"),
-    "corrupt png": (lambda p: _write_png_folder(p / "imgs", corrupt=True),
-                    {"name": "i", "file": {"format": "image_folder", "path": "imgs", "task": "classification"}},
-                    "file.path", "cannot read image "),
+    "nan pixels": (
+        lambda p: npz(
+            p,
+            x_train=np.where(np.arange(N_TRAIN * 16).reshape(N_TRAIN, 4, 4) == 5, np.nan, 0.5),
+            x_test=np.full((N_TEST, 4, 4), 0.5),
+        ),
+        entry(),
+        "file.path",
+        "x_train holds 1 NaN or infinite value(s)",
+    ),
+    "string labels": (
+        lambda p: npz(p, y_train=np.array(["cat", "dog"] * (N_TRAIN // 2))),
+        entry(),
+        "file.path",
+        "y_train must hold numbers, got dtype <U3",
+    ),
+    "corrupt png": (
+        lambda p: _write_png_folder(p / "imgs", corrupt=True),
+        {"name": "i", "file": {"format": "image_folder", "path": "imgs", "task": "classification"}},
+        "file.path",
+        "cannot read image ",
+    ),
 }
 
 
@@ -242,7 +296,9 @@ def test_a_data_root_in_a_symlink_loop_is_one_line_and_writes_nothing(tmp_path, 
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     grid = tmp_path / "grid.yaml"
     grid.write_text(grid_text(datasets=["mnist"], data_root=str(tmp_path / "loop")))
-    refused(tmp_path, capsys, grid, f"{grid}: datasets[0]: ", f"place torchvision's MNIST files under {tmp_path / 'loop'}")
+    refused(
+        tmp_path, capsys, grid, f"{grid}: datasets[0]: ", f"place torchvision's MNIST files under {tmp_path / 'loop'}"
+    )
 
 
 def test_channels_last_images_are_read_as_channels_first(tmp_path):
@@ -353,7 +409,13 @@ def test_a_plugin_that_exits_or_breaks_on_import_is_a_broken_plugin(case, tmp_pa
     npz(tmp_path)
     grid = tmp_path / "grid.yaml"
     grid.write_text(grid_text(methods=[f"{module}:Method"]))
-    refused(tmp_path, capsys, grid, f"{grid}: methods[0].name: plug-in method '{module}:Method' (import path) is broken: ", message)
+    refused(
+        tmp_path,
+        capsys,
+        grid,
+        f"{grid}: methods[0].name: plug-in method '{module}:Method' (import path) is broken: ",
+        message,
+    )
 
 
 def test_the_command_exits_2_on_a_plugin_calling_sys_exit_0(tmp_path):
@@ -364,7 +426,11 @@ def test_the_command_exits_2_on_a_plugin_calling_sys_exit_0(tmp_path):
     grid.write_text(grid_text(methods=["quits:Method"]))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "ursa_ray.cli", "validate", str(grid)], cwd=tmp_path, capture_output=True, text=True, env=env
+        [sys.executable, "-m", "ursa_ray.cli", "validate", str(grid)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1 and "is broken: cannot load: SystemExit: 0" in done.stderr, done.stderr
@@ -403,5 +469,9 @@ def test_a_deleted_metrics_table_is_reported_and_restored_by_a_rerun(ray_session
     assert "1 ok, 0 failed" in capsys.readouterr().out
     restored = pd.read_parquet(out / "metrics.parquet")
     key = ["eval_set", "metric"]
-    assert restored.sort_values(key)[key].reset_index(drop=True).equals(metrics.sort_values(key)[key].reset_index(drop=True))
+    assert (
+        restored.sort_values(key)[key]
+        .reset_index(drop=True)
+        .equals(metrics.sort_values(key)[key].reset_index(drop=True))
+    )
     assert main(["report", str(out)]) == 0

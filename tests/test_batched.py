@@ -10,10 +10,10 @@ from contextlib import contextmanager, nullcontext
 
 import pytest
 import torch
-from torch import nn
-
 from exact_blr import make_blr_problem
 from test_sgmcmc import PRIOR_STD, assert_spread, lr_for
+from torch import nn
+
 from ursa_ray.grid import parse_grid
 from ursa_ray.methods import get_method
 from ursa_ray.methods.base import flat_parameters, resolve_config
@@ -67,7 +67,7 @@ def _tolerance(eval_set: str) -> float:
 def _partner(eval_set: str, tables: dict) -> list[str]:
     """The saved tables a set's metrics are computed from: the set itself and, for a set without labels
     (OOD, adversarial), the in-domain table it is scored against."""
-    scheme = eval_set[eval_set.index("@"):] if "@" in eval_set else ""
+    scheme = eval_set[eval_set.index("@") :] if "@" in eval_set else ""
     if eval_set.startswith(("adv:", "transfer:")):
         return [eval_set, eval_set.split(":")[0] + ":clean"]
     if (tables[eval_set]["label"] < 0).all():
@@ -86,8 +86,16 @@ def _separated(lone: list, together: list, tolerance: float) -> bool:
         columns = []
         for table in tables:
             p = np.sort(table[[c for c in table.columns if c[0] == "p" and c[1:].isdigit()]].to_numpy(), axis=1)
-            columns.append(np.stack([p[:, -1], p[:, -1] - p[:, -2], table["total_entropy"].to_numpy(),
-                                     table["mutual_information"].to_numpy()]))
+            columns.append(
+                np.stack(
+                    [
+                        p[:, -1],
+                        p[:, -1] - p[:, -2],
+                        table["total_entropy"].to_numpy(),
+                        table["mutual_information"].to_numpy(),
+                    ]
+                )
+            )
         return np.concatenate(columns, axis=1)
 
     a, b = scores(lone), scores(together)
@@ -125,11 +133,16 @@ def _assert_same_result(alone, together, seed: int) -> None:
     assert a.keys() == b.keys()
     for (eval_set, metric), value in a.items():
         if metric in CONTINUOUS_METRICS:
-            assert b[eval_set, metric] == pytest.approx(value, rel=1e-4, abs=_tolerance(eval_set)), (seed, eval_set, metric)
+            assert b[eval_set, metric] == pytest.approx(value, rel=1e-4, abs=_tolerance(eval_set)), (
+                seed,
+                eval_set,
+                metric,
+            )
             continue
         names = _partner(eval_set, alone.predictions)
-        if _separated([alone.predictions[n] for n in names], [together.predictions[n] for n in names],
-                      _tolerance(eval_set)):
+        if _separated(
+            [alone.predictions[n] for n in names], [together.predictions[n] for n in names], _tolerance(eval_set)
+        ):
             assert b[eval_set, metric] == pytest.approx(value, rel=1e-9, abs=1e-12), (seed, eval_set, metric)
     stats_alone, stats_together = json.loads(alone.record["method_stats"]), json.loads(together.record["method_stats"])
     assert stats_together.keys() == stats_alone.keys()
@@ -203,9 +216,10 @@ def test_batched_mc_dropout_trains_each_seed_with_its_own_masks():
 
 def test_one_stacked_copy_trains_exactly_as_the_plain_network():
     """The batched SGD path (vmap over a (C, P) parameter tensor) against the plain nn.Module loop."""
+    from small_problems import regression_problem
+
     from ursa_ray.methods._training import train_sgd
     from ursa_ray.methods.batched import train_sgd_copies
-    from small_problems import regression_problem
 
     config = {"lr": 0.01, "momentum": 0.9, "weight_decay": 1e-3, "epochs": 5, "batch_size": 16, "schedule": "cosine"}
     plain_problem = regression_problem(seed=3)
@@ -235,7 +249,9 @@ def test_copies_have_independent_minibatch_and_noise_streams():
     x, y = torch.randn(128, 64), torch.randint(0, 10, (128,))
     from ursa_ray.methods.base import Categorical, Problem
 
-    digits_like = Problem(x, y, Categorical(), lambda: copy.deepcopy(model), torch.Generator().manual_seed(1), torch.device("cpu"))
+    digits_like = Problem(
+        x, y, Categorical(), lambda: copy.deepcopy(model), torch.Generator().manual_seed(1), torch.device("cpu")
+    )
     config = resolve_config(get_method("sgld"), {"prior_std": 1.0})
     chains = LangevinCopies(
         [copy.deepcopy(model) for _ in range(3)], copy_generators(digits_like, 3), digits_like, config, momentum=False
@@ -260,7 +276,15 @@ def test_each_chain_of_a_batched_run_samples_its_exact_posterior(name):
     problems = [f[0] for f in fixtures]
     settings = {
         "sgld": dict(eta_lambda=0.08, batch_size=128, epochs=1100, burn_in_epochs=100, n_samples=500),
-        "sghmc": dict(eta_lambda=0.03, alpha=0.3, schedule="constant", batch_size=128, epochs=900, burn_in_epochs=100, n_samples=400),
+        "sghmc": dict(
+            eta_lambda=0.03,
+            alpha=0.3,
+            schedule="constant",
+            batch_size=128,
+            epochs=900,
+            burn_in_epochs=100,
+            n_samples=400,
+        ),
     }[name]
     eta_lambda = settings.pop("eta_lambda")
     lr = min(lr_for(eta_lambda, cov) for _, _, cov in fixtures)
@@ -288,7 +312,9 @@ def _chain_stats(name: str, **settings) -> dict[str, float]:
 
 
 def test_rhat_is_near_one_for_chains_on_the_exact_posterior_and_large_for_unmixed_chains():
-    mixed = _chain_stats("sgld", eta_lambda=0.2, batch_size=128, epochs=850, burn_in_epochs=50, n_samples=200, n_chains=4)
+    mixed = _chain_stats(
+        "sgld", eta_lambda=0.2, batch_size=128, epochs=850, burn_in_epochs=50, n_samples=200, n_chains=4
+    )
     assert mixed["n_chains"] == 4
     assert mixed["rhat_max"] < 1.06 and mixed["ess_bulk_min"] > 100
     # started far apart (weights drawn with std 30 around the posterior's ~0.03) and stopped early
@@ -311,12 +337,16 @@ def test_what_a_seed_keeps_beside_its_network_limits_the_seeds_batched_together(
     e1 = build_mlp((1,), 1, [100, 100, 100])
     cap = max_copies(e1, batch_size=32, input_numel=1)
     laplace = get_method("laplace")
-    full = resolve_config(laplace, {"subset_of_weights": "all", "hessian_structure": "full", "optimize_prior_precision": "none"})
+    full = resolve_config(
+        laplace, {"subset_of_weights": "all", "hessian_structure": "full", "optimize_prior_precision": "none"}
+    )
     assert cap // laplace.batched_copies(full, e1) == 0  # the trial batches max(1, 0) = 1 seed at a time
     assert cap // laplace.batched_copies(resolve_config(laplace, {}), e1) >= 50
     swag = get_method("swag")
     assert swag.batched_copies(resolve_config(swag, {"rank": 20}), e1) == 1 + 6  # ⌈(4 + 20) / 4⌉
-    assert swag.batched_copies(resolve_config(swag, {"rank": 20}), e1) > swag.batched_copies(resolve_config(swag, {"rank": 2}), e1)
+    assert swag.batched_copies(resolve_config(swag, {"rank": 20}), e1) > swag.batched_copies(
+        resolve_config(swag, {"rank": 2}), e1
+    )
 
 
 def _digits_like_problems(n_problems: int, float32_output: bool = False) -> list:
@@ -339,7 +369,9 @@ def _digits_like_problems(n_problems: int, float32_output: bool = False) -> list
                 model = build_mlp((64,), 10, [32])
             return keep_output_layer_float32(model, 10) if float32_output else model
 
-        problems.append(Problem(x, y, Categorical(), make_model, torch.Generator().manual_seed(seed), torch.device("cpu")))
+        problems.append(
+            Problem(x, y, Categorical(), make_model, torch.Generator().manual_seed(seed), torch.device("cpu"))
+        )
     return problems
 
 
@@ -384,7 +416,10 @@ def test_features_of_a_network_that_is_not_a_plain_mlp_come_through_vmap():
 @pytest.mark.parametrize(
     ("name", "settings"),
     [
-        ("deep_ensemble", {"n_samples": 3, "bootstrap": True, "adversarial_epsilon": 0.02, "epochs": 2, "batch_size": 64}),
+        (
+            "deep_ensemble",
+            {"n_samples": 3, "bootstrap": True, "adversarial_epsilon": 0.02, "epochs": 2, "batch_size": 64},
+        ),
         ("sghmc", {"n_chains": 2, "n_samples": 3, "epochs": 3, "burn_in_epochs": 1, "batch_size": 64}),
     ],
 )
@@ -399,7 +434,9 @@ def test_the_lone_loop_draws_what_the_batched_copies_draw(name, settings):
     config = resolve_config(method, settings)
     (problem,) = _digits_like_problems(1)
     batched_stats: dict[str, float] = {}
-    batched = [flat_parameters(m).clone() for (m,) in method.sample_posterior_batched([problem], config, [batched_stats])]
+    batched = [
+        flat_parameters(m).clone() for (m,) in method.sample_posterior_batched([problem], config, [batched_stats])
+    ]
     (problem,) = _digits_like_problems(1)
     lone_stats: dict[str, float] = {}
     with lone_loops():

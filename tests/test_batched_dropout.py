@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from small_problems import regression_problem
+
 from ursa_ray.methods import get_method
 from ursa_ray.methods.base import resolve_config
 from ursa_ray.methods.batched import StackedNetworks
@@ -109,8 +109,10 @@ def test_two_seed_batched_run_trains_each_copy(name):
         assert all(abs(r - 0.1) > 1e-4 for r in rates[0] + rates[1])  # learned away from init_p
         assert stats[0]["cd_p_mean"] != stats[1]["cd_p_mean"]
     else:
-        sigma = [torch.cat([m.log_sigma2.reshape(-1) for m in model.modules() if isinstance(m, VariationalLinear)])
-                 for model in (a, b)]
+        sigma = [
+            torch.cat([m.log_sigma2.reshape(-1) for m in model.modules() if isinstance(m, VariationalLinear)])
+            for model in (a, b)
+        ]
         assert not torch.equal(sigma[0], sigma[1])
         assert stats[0]["vd_log_alpha_mean"] != stats[1]["vd_log_alpha_mean"]
     # each copy's own module is its predictor, a stochastic one

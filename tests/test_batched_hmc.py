@@ -15,9 +15,9 @@ against chains run alone.
 from __future__ import annotations
 
 import torch
-
 from exact_blr import make_blr_problem
 from test_hmc import PRIOR_STD, check_exact_posterior
+
 from ursa_ray.methods import get_method, hmc
 from ursa_ray.methods.base import flat_parameters, resolve_config
 

@@ -122,7 +122,9 @@ def test_each_trial_asks_for_its_own_resources_and_the_fit_check_names_who_asks(
     models = [{"name": "mlp", "options": {"widths": [16]}}, {"name": "linear", "resources": {"gpu": 1}}]
     path = str(tmp_path / "g.yaml")
     grid = parse_grid(dict(TINY, methods=methods, models=models), path)
-    asked = {(s["label"], s["model"]): trials.placement({"specs": pack([s])}).required_resources for s in grid.trial_specs()}
+    asked = {
+        (s["label"], s["model"]): trials.placement({"specs": pack([s])}).required_resources for s in grid.trial_specs()
+    }
     assert asked == {
         ("sgd", "mlp"): {"CPU": 1.0},
         ("sgd", "linear"): {"CPU": 1.0, "GPU": 1.0},
@@ -211,10 +213,27 @@ class LocalCluster:
         return subprocess.run([RAY, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def start(self) -> None:
-        common = ["--node-ip-address", "127.0.0.1", "--num-cpus", str(self.num_cpus), "--object-store-memory", str(200 * 1024**2),
-                  "--disable-usage-stats"]
-        dashboard = ["--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-                     "--dashboard-port", str(self.dashboard_port)] if self.with_dashboard else ["--include-dashboard", "false"]
+        common = [
+            "--node-ip-address",
+            "127.0.0.1",
+            "--num-cpus",
+            str(self.num_cpus),
+            "--object-store-memory",
+            str(200 * 1024**2),
+            "--disable-usage-stats",
+        ]
+        dashboard = (
+            [
+                "--include-dashboard",
+                "true",
+                "--dashboard-host",
+                "127.0.0.1",
+                "--dashboard-port",
+                str(self.dashboard_port),
+            ]
+            if self.with_dashboard
+            else ["--include-dashboard", "false"]
+        )
         gpus = ["--num-gpus", str(self.num_gpus)] if self.num_gpus else []
         head = self.ray(
             "start", "--head", "--port", str(self.port), *common, *gpus, "--resources", '{"head_node": 1}', *dashboard,
@@ -224,8 +243,8 @@ class LocalCluster:
         if self.second_node:
             self._start_second_node(common)
         probe = (
-            "import json, ray; ray.init(address=%r, logging_level='ERROR', log_to_driver=False); "
-            "print(json.dumps([[n['NodeID'], n['Resources']] for n in ray.nodes() if n['Alive']]))" % self.address
+            f"import json, ray; ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False); "
+            "print(json.dumps([[n['NodeID'], n['Resources']] for n in ray.nodes() if n['Alive']]))"
         )
         out = subprocess.run([sys.executable, "-c", probe], env=self.env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -337,8 +356,10 @@ def test_grid_no_node_can_place_fails_at_once(cluster, tmp_path):
 
 def test_per_model_and_per_method_resources_place_each_trial_where_it_fits(cluster, tmp_path):
     # mlp trials ask for the head, linear ones for the second node, and mc_dropout on mlp for the second node too
-    models = [{"name": "mlp", "options": {"widths": [16]}, "resources": {"custom": {"head_node": 1}}},
-              {"name": "linear", "resources": {"custom": {"second_node": 1}}}]
+    models = [
+        {"name": "mlp", "options": {"widths": [16]}, "resources": {"custom": {"head_node": 1}}},
+        {"name": "linear", "resources": {"custom": {"second_node": 1}}},
+    ]
     methods = ["sgd", {"name": "mc_dropout", "models": ["mlp"], "resources": {"custom": {"second_node": 1}}}]
     grid = _write_grid(tmp_path, "per_model", methods=methods, models=models, seeds=2, **LIGHT)
     out = tmp_path / "results"
@@ -458,7 +479,9 @@ def gpu_cluster():
     Four CPUs: a node starts as many worker processes at once as it has CPUs.  With a searcher of its own
     (the final phase's SpecQueue) Tune keeps one trial pending unless told otherwise, so workers would start
     one by one and the four GPU shares would not overlap; ``run_trials`` tells it (``_pending_trials``)."""
-    with _started(LocalCluster(num_cpus=4, num_gpus=1, second_node=False, dashboard=False), "GPU test cluster") as local:
+    with _started(
+        LocalCluster(num_cpus=4, num_gpus=1, second_node=False, dashboard=False), "GPU test cluster"
+    ) as local:
         yield local
 
 
@@ -467,8 +490,10 @@ def test_gpu_shares_pack_onto_one_gpu_and_a_whole_gpu_runs_alone(gpu_cluster, tm
     alone.  Each records the GPU Ray assigned it; torch sees none here, so they train on the CPU."""
     import torch
 
-    methods = [{"name": "sgd", "label": "whole_gpu", "vectorize_seeds": 4, "resources": {"gpu": 1}},  # one trial, first
-               {"name": "sgd", "vectorize_seeds": 1, "resources": {"gpu": 0.25}}]  # four trials
+    methods = [
+        {"name": "sgd", "label": "whole_gpu", "vectorize_seeds": 4, "resources": {"gpu": 1}},  # one trial, first
+        {"name": "sgd", "vectorize_seeds": 1, "resources": {"gpu": 0.25}},
+    ]  # four trials
     grid = _write_grid(tmp_path, "gpu_packing", methods=methods, resources={"cpu": 0.25},
                        budget={"epochs": 20, "n_samples": 2, "batch_size": 64}, **LIGHT)  # fmt: skip
     out = tmp_path / "results"

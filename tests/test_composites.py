@@ -15,64 +15,100 @@ from analysis.composites import composite_coverage, composite_scores
 VALUES = {}
 for method, seeds in (("a", (0, 1)), ("b", (0, 1))):
     for seed in seeds:
-        VALUES.update({
-            (method, "digits", seed, "test", "accuracy"): {"a": (0.90, 0.92), "b": (0.85, 0.87)}[method][seed],
-            (method, "digits", seed, "test", "nll"): {"a": (0.30, 0.32), "b": (0.25, 0.27)}[method][seed],
-            (method, "digits", seed, "test", "misclass_auroc_entropy"): {"a": 0.80, "b": 0.70}[method],
-            (method, "digits", seed, "noise", "ood_auroc_mi"): {"a": 0.90, "b": 0.50}[method],
-            (method, "digits", seed, "inv", "ood_auroc_mi"): {"a": 0.60, "b": 0.50}[method],
-            (method, "digits", seed, "noise", "ood_auroc_entropy"): {"a": 0.80, "b": 0.70}[method],
-            (method, "digits", seed, "inv", "ood_auroc_entropy"): {"a": 0.60, "b": 0.65}[method],
-            (method, "digits", seed, "cost", "s_per_sample"): {"a": 0.1, "b": 0.2}[method],
-            (method, "digits", seed, "cost", "flops_per_prediction"): {"a": 100.0, "b": 10.0}[method],
-            (method, "digits", seed, "cost", "storage_bytes_32"): {"a": 5.0, "b": 50.0}[method],
-            (method, "digits", seed, "corrupt:gaussian_noise:1", "accuracy"): {"a": 0.8, "b": 0.7}[method],
-            (method, "digits", seed, "corrupt:gaussian_noise:3", "accuracy"): {"a": 0.5, "b": 0.55}[method],
-            (method, "digits", seed, "corrupt:gaussian_noise:1", "ece"): {"a": 0.05, "b": 0.10}[method],
-            (method, "digits", seed, "corrupt:gaussian_noise:3", "ece"): {"a": 0.2, "b": 0.1}[method],
-            # PGD at the reference ε counts; another ε does not
-            (method, "digits", seed, "adv:pgd_eps0.0625", "accuracy"): {"a": 0.3, "b": 0.4}[method],
-            (method, "digits", seed, "adv:pgd_eps0.0625", "reference"): 1.0,
-            (method, "digits", seed, "adv:pgd_eps0.25", "accuracy"): {"a": 0.9, "b": 0.0}[method],
-            (method, "digits", seed, "adv:pgd_eps0.25", "reference"): 0.0,
-            # a bit-depth copy of the OOD set is no OOD set of its own
-            (method, "digits", seed, "noise@int8", "ood_auroc_mi"): {"a": 0.0, "b": 1.0}[method],
-            # the balanced set reports a decision cost too (same cost matrix); it enters no composite
-            (method, "digits", seed, "test", "decision_cost"): {"a": 0.0, "b": 9.0}[method],
-        })
+        VALUES.update(
+            {
+                (method, "digits", seed, "test", "accuracy"): {"a": (0.90, 0.92), "b": (0.85, 0.87)}[method][seed],
+                (method, "digits", seed, "test", "nll"): {"a": (0.30, 0.32), "b": (0.25, 0.27)}[method][seed],
+                (method, "digits", seed, "test", "misclass_auroc_entropy"): {"a": 0.80, "b": 0.70}[method],
+                (method, "digits", seed, "noise", "ood_auroc_mi"): {"a": 0.90, "b": 0.50}[method],
+                (method, "digits", seed, "inv", "ood_auroc_mi"): {"a": 0.60, "b": 0.50}[method],
+                (method, "digits", seed, "noise", "ood_auroc_entropy"): {"a": 0.80, "b": 0.70}[method],
+                (method, "digits", seed, "inv", "ood_auroc_entropy"): {"a": 0.60, "b": 0.65}[method],
+                (method, "digits", seed, "cost", "s_per_sample"): {"a": 0.1, "b": 0.2}[method],
+                (method, "digits", seed, "cost", "flops_per_prediction"): {"a": 100.0, "b": 10.0}[method],
+                (method, "digits", seed, "cost", "storage_bytes_32"): {"a": 5.0, "b": 50.0}[method],
+                (method, "digits", seed, "corrupt:gaussian_noise:1", "accuracy"): {"a": 0.8, "b": 0.7}[method],
+                (method, "digits", seed, "corrupt:gaussian_noise:3", "accuracy"): {"a": 0.5, "b": 0.55}[method],
+                (method, "digits", seed, "corrupt:gaussian_noise:1", "ece"): {"a": 0.05, "b": 0.10}[method],
+                (method, "digits", seed, "corrupt:gaussian_noise:3", "ece"): {"a": 0.2, "b": 0.1}[method],
+                # PGD at the reference ε counts; another ε does not
+                (method, "digits", seed, "adv:pgd_eps0.0625", "accuracy"): {"a": 0.3, "b": 0.4}[method],
+                (method, "digits", seed, "adv:pgd_eps0.0625", "reference"): 1.0,
+                (method, "digits", seed, "adv:pgd_eps0.25", "accuracy"): {"a": 0.9, "b": 0.0}[method],
+                (method, "digits", seed, "adv:pgd_eps0.25", "reference"): 0.0,
+                # a bit-depth copy of the OOD set is no OOD set of its own
+                (method, "digits", seed, "noise@int8", "ood_auroc_mi"): {"a": 0.0, "b": 1.0}[method],
+                # the balanced set reports a decision cost too (same cost matrix); it enters no composite
+                (method, "digits", seed, "test", "decision_cost"): {"a": 0.0, "b": 9.0}[method],
+            }
+        )
         if (method, seed) == ("b", 1):
             continue  # b's seed-1 trial on the decision task failed: no metric rows
-        VALUES.update({
-            (method, "digits_imbalanced", seed, "test", "accuracy"): 0.5,
-            (method, "digits_imbalanced", seed, "test", "nll"): {"a": 9.0, "b": 0.01}[method],
-            (method, "digits_imbalanced", seed, "test", "misclass_auroc_entropy"): {"a": 0.1, "b": 0.99}[method],
-            (method, "digits_imbalanced", seed, "test", "decision_cost"): {"a": (2.0, 2.2), "b": (1.0,)}[method][seed],
-            (method, "digits_imbalanced", seed, "noise", "ood_auroc_mi"): {"a": 0.1, "b": 0.99}[method],
-            (method, "digits_imbalanced", seed, "noise", "ood_auroc_entropy"): {"a": 0.0, "b": 1.0}[method],
-            (method, "digits_imbalanced", seed, "cost", "s_per_sample"): 10.0,
-            (method, "digits_imbalanced", seed, "cost", "flops_per_prediction"): {"a": 1.0, "b": 1e6}[method],
-            (method, "digits_imbalanced", seed, "corrupt:gaussian_noise:3", "accuracy"): {"a": 0.0, "b": 1.0}[method],
-        })
+        VALUES.update(
+            {
+                (method, "digits_imbalanced", seed, "test", "accuracy"): 0.5,
+                (method, "digits_imbalanced", seed, "test", "nll"): {"a": 9.0, "b": 0.01}[method],
+                (method, "digits_imbalanced", seed, "test", "misclass_auroc_entropy"): {"a": 0.1, "b": 0.99}[method],
+                (method, "digits_imbalanced", seed, "test", "decision_cost"): {"a": (2.0, 2.2), "b": (1.0,)}[method][
+                    seed
+                ],
+                (method, "digits_imbalanced", seed, "noise", "ood_auroc_mi"): {"a": 0.1, "b": 0.99}[method],
+                (method, "digits_imbalanced", seed, "noise", "ood_auroc_entropy"): {"a": 0.0, "b": 1.0}[method],
+                (method, "digits_imbalanced", seed, "cost", "s_per_sample"): 10.0,
+                (method, "digits_imbalanced", seed, "cost", "flops_per_prediction"): {"a": 1.0, "b": 1e6}[method],
+                (method, "digits_imbalanced", seed, "corrupt:gaussian_noise:3", "accuracy"): {"a": 0.0, "b": 1.0}[
+                    method
+                ],
+            }
+        )
 
 
 def _tables() -> tuple[pd.DataFrame, pd.DataFrame]:
     metrics = pd.DataFrame(
         [
-            {"trial_id": f"{m}-{d}-{s}", "phase": "final", "method": m, "model": "mlp", "dataset": d, "seed": s,
-             "eval_set": e, "metric": k, "value": v}
+            {
+                "trial_id": f"{m}-{d}-{s}",
+                "phase": "final",
+                "method": m,
+                "model": "mlp",
+                "dataset": d,
+                "seed": s,
+                "eval_set": e,
+                "metric": k,
+                "value": v,
+            }
             for (m, d, s, e, k), v in VALUES.items()
         ]
     )
     trials = pd.DataFrame(
         [
-            {"trial_id": f"{m}-{d}-{s}", "phase": "final", "method": m, "model": "mlp", "dataset": d, "seed": s,
-             "task": "classification", "decision_task": d == "digits_imbalanced",
-             "status": "failed" if (m, d, s) == ("b", "digits_imbalanced", 1) else "ok"}
-            for m in "ab" for d in ("digits", "digits_imbalanced") for s in (0, 1)
+            {
+                "trial_id": f"{m}-{d}-{s}",
+                "phase": "final",
+                "method": m,
+                "model": "mlp",
+                "dataset": d,
+                "seed": s,
+                "task": "classification",
+                "decision_task": d == "digits_imbalanced",
+                "status": "failed" if (m, d, s) == ("b", "digits_imbalanced", 1) else "ok",
+            }
+            for m in "ab"
+            for d in ("digits", "digits_imbalanced")
+            for s in (0, 1)
         ]
         + [  # a search trial and a regression trial never count
-            {"trial_id": "search-x", "phase": "search", "method": "a", "model": "mlp", "dataset": "digits", "seed": 0,
-             "task": "classification", "decision_task": False, "status": "ok"},
+            {
+                "trial_id": "search-x",
+                "phase": "search",
+                "method": "a",
+                "model": "mlp",
+                "dataset": "digits",
+                "seed": 0,
+                "task": "classification",
+                "decision_task": False,
+                "status": "ok",
+            },
         ]
     )
     search_rows = metrics[metrics["trial_id"] == "a-digits-0"].assign(trial_id="search-x", phase="search", value=0.0)
@@ -139,15 +175,43 @@ def _robustness_tables(corruption_sets: int) -> tuple[pd.DataFrame, pd.DataFrame
     rows, trials = [], []
     for method, adv, corrupt in (("adv_winner", 0.9, 0.500), ("corrupt_winner", 0.1, 0.501)):
         trial = f"{method}-0"
-        trials.append({"trial_id": trial, "phase": "final", "method": method, "model": "mlp", "dataset": "digits",
-                       "seed": 0, "task": "classification", "decision_task": False, "status": "ok"})
-        values = {("test", "accuracy"): 0.9, ("adv:pgd_eps0.0625", "accuracy"): adv,
-                  ("adv:pgd_eps0.0625", "reference"): 1.0}
+        trials.append(
+            {
+                "trial_id": trial,
+                "phase": "final",
+                "method": method,
+                "model": "mlp",
+                "dataset": "digits",
+                "seed": 0,
+                "task": "classification",
+                "decision_task": False,
+                "status": "ok",
+            }
+        )
+        values = {
+            ("test", "accuracy"): 0.9,
+            ("adv:pgd_eps0.0625", "accuracy"): adv,
+            ("adv:pgd_eps0.0625", "reference"): 1.0,
+        }
         for k in range(corruption_sets):
-            values |= {(f"corrupt:type{k // 5}:{k % 5 + 1}", "accuracy"): corrupt,
-                       (f"corrupt:type{k // 5}:{k % 5 + 1}", "ece"): 0.05}
-        rows += [{"trial_id": trial, "phase": "final", "method": method, "model": "mlp", "dataset": "digits",
-                  "seed": 0, "eval_set": e, "metric": m, "value": v} for (e, m), v in values.items()]
+            values |= {
+                (f"corrupt:type{k // 5}:{k % 5 + 1}", "accuracy"): corrupt,
+                (f"corrupt:type{k // 5}:{k % 5 + 1}", "ece"): 0.05,
+            }
+        rows += [
+            {
+                "trial_id": trial,
+                "phase": "final",
+                "method": method,
+                "model": "mlp",
+                "dataset": "digits",
+                "seed": 0,
+                "eval_set": e,
+                "metric": m,
+                "value": v,
+            }
+            for (e, m), v in values.items()
+        ]
     return pd.DataFrame(rows), pd.DataFrame(trials)
 
 

@@ -8,12 +8,12 @@ import copy
 
 import pytest
 import yaml
+from small_problems import regression_problem
 
 from ursa_ray.cli import main
 from ursa_ray.grid import GridError, parse_grid
 from ursa_ray.methods import catalogue, get_method
 from ursa_ray.methods.base import check_constraints, resolve_config
-from small_problems import regression_problem
 
 N_TRAIN = 64  # regression_problem()'s training examples
 
@@ -56,7 +56,12 @@ def test_declared_constraints_name_declared_hyperparameters_and_hold_at_the_defa
 # (method, settings, start of the message for N_TRAIN examples, checked before any trial: independent of N)
 VIOLATIONS = [
     ("sgld", {"epochs": 3, "burn_in_epochs": 3}, "burn_in_epochs must be below epochs (3); got burn_in_epochs=3", True),
-    ("sghmc", {"epochs": 10, "burn_in_epochs": 12}, "burn_in_epochs must be below epochs (10); got burn_in_epochs=12", True),
+    (
+        "sghmc",
+        {"epochs": 10, "burn_in_epochs": 12},
+        "burn_in_epochs must be below epochs (10); got burn_in_epochs=12",
+        True,
+    ),
     (
         "sghmc",
         {"epochs": 3, "burn_in_epochs": 2, "n_samples": 5, "batch_size": 64},
@@ -116,7 +121,9 @@ VIOLATIONS = [
 
 
 @pytest.mark.parametrize("name, settings, message, before_any_trial", VIOLATIONS, ids=[v[0] for v in VIOLATIONS])
-def test_a_violated_constraint_is_reported_by_validation_and_at_run_time_alike(name, settings, message, before_any_trial):
+def test_a_violated_constraint_is_reported_by_validation_and_at_run_time_alike(
+    name, settings, message, before_any_trial
+):
     method = get_method(name)
     config = resolve_config(method, settings)
     with pytest.raises(ValueError) as declared:
@@ -170,7 +177,11 @@ def test_a_budget_shorter_than_the_burn_in_is_rejected_naming_the_budget(tmp_pat
 
 def test_the_field_that_set_a_value_is_named_per_model():
     raw = grid_with(
-        {"name": "sghmc", "hyperparameters": {"burn_in_epochs": 10}, "model_hyperparameters": {"linear": {"epochs": 5}}},
+        {
+            "name": "sghmc",
+            "hyperparameters": {"burn_in_epochs": 10},
+            "model_hyperparameters": {"linear": {"epochs": 5}},
+        },
         models=[{"name": "mlp", "options": {"widths": [16]}}, "linear"],
     )
     text = rejection(raw)
@@ -197,7 +208,11 @@ SEARCHED = [
         "burn_in_epochs from the default, epochs=40 at the low end of its search range)",
     ),
     (
-        {"name": "pca_ess", "hyperparameters": {"swa_epochs": 20}, "search": {"rank": {"type": "choice", "values": [2, 30]}}},
+        {
+            "name": "pca_ess",
+            "hyperparameters": {"swa_epochs": 20},
+            "search": {"rank": {"type": "choice", "values": [2, 30]}},
+        },
         {},
         "methods[0].search.rank: rank must be at most the 20 collected iterates (swa_epochs=20, swa_collect_every=0); "
         "got rank=30 (method pca_ess; every configuration of the search space must satisfy rank ≤ collected iterates",

@@ -10,17 +10,17 @@ from functools import cache
 import numpy as np
 import pytest
 import torch
-from scipy.stats import spearmanr
-
 from exact_blr import batch_means_mcse, make_blr_problem
+from scipy.stats import spearmanr
 from test_sgmcmc import PRIOR_STD, assert_spread, lr_for
+
 from ursa_ray.data import get_dataset
 from ursa_ray.evaluation import ClassificationPredictive
+from ursa_ray.evaluation.precision import keep_output_layer_float32
 from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time, forward_flops
 from ursa_ray.grid import GridError, parse_grid
 from ursa_ray.methods import get_method
 from ursa_ray.methods.base import Categorical, Problem, check_constraints, flat_parameters, resolve_config
-from ursa_ray.evaluation.precision import keep_output_layer_float32
 from ursa_ray.methods.distillation import (
     ExpectationStudent,
     StudentTrainer,
@@ -45,8 +45,14 @@ KL_TRAIN, KL_TEST = 0.02, 0.03
 
 def digits_problem(seed: int = 0) -> tuple[Problem, torch.Tensor]:
     ds = get_dataset("digits").load({}, (), None, False, 0)
-    problem = Problem(ds.train_x, ds.train_y, Categorical(), lambda: build_mlp((1, 8, 8), 10, [64]),
-                      torch.Generator().manual_seed(seed), torch.device("cpu"))
+    problem = Problem(
+        ds.train_x,
+        ds.train_y,
+        Categorical(),
+        lambda: build_mlp((1, 8, 8), 10, [64]),
+        torch.Generator().manual_seed(seed),
+        torch.device("cpu"),
+    )
     return problem, ds.test_x
 
 
@@ -198,7 +204,9 @@ def test_gped_heads_stay_float32_under_bfloat16_autocast():
     assert logits.dtype == h.dtype == torch.float32
     phi = features[-1].float()
     knowledge = phi @ student.entropy_head.weight.T + student.entropy_head.bias
-    reference = torch.special.entr(torch.softmax(logits, -1)).sum(-1) - torch.nn.functional.softplus(knowledge).squeeze(-1)
+    reference = torch.special.entr(torch.softmax(logits, -1)).sum(-1) - torch.nn.functional.softplus(knowledge).squeeze(
+        -1
+    )
     torch.testing.assert_close(h, reference.clamp_min(0.0), rtol=1e-5, atol=1e-6)
     assert len(torch.unique(h)) >= 1990
 
@@ -233,14 +241,21 @@ def test_distillation_on_a_regression_dataset_is_refused_by_validation(name):
     """The student is one sample: on a Gaussian likelihood it would report zero epistemic uncertainty, so
     a grid naming bdk or gped on a regression dataset is refused before any trial, in one line naming the
     method entry; restricted to classification datasets it is accepted."""
-    raw = {"name": "distil", "methods": [{"name": "sgd"}, {"name": name}], "models": [{"name": "mlp"}],
-           "datasets": ["digits", {"name": "e1", "complexity": [1]}], "seeds": 1}
+    raw = {
+        "name": "distil",
+        "methods": [{"name": "sgd"}, {"name": name}],
+        "models": [{"name": "mlp"}],
+        "datasets": ["digits", {"name": "e1", "complexity": [1]}],
+        "seeds": 1,
+    }
     with pytest.raises(GridError) as refused:
         parse_grid(raw, "grids/distil.yaml")
     text = str(refused.value)
     assert "\n" not in text
-    assert text == (f"grids/distil.yaml: methods[1]: method {name!r} supports classification datasets only, not the "
-                    "regression dataset 'e1'; restrict it with 'datasets:'")
+    assert text == (
+        f"grids/distil.yaml: methods[1]: method {name!r} supports classification datasets only, not the "
+        "regression dataset 'e1'; restrict it with 'datasets:'"
+    )
     raw["methods"][1]["datasets"] = ["digits"]
     assert len(parse_grid(raw, "grids/distil.yaml").trial_specs()) == 3
 
@@ -259,15 +274,26 @@ def test_bdk_teacher_samples_the_exact_blr_posterior_while_the_student_trains():
     initialisation 4 to 35 stds away."""
     problem, mean, cov = make_blr_problem(n=256, prior_std=PRIOR_STD, seed=0)
     method = get_method("bdk")
-    config = resolve_config(method, dict(
-        lr=lr_for(0.08, cov), prior_std=PRIOR_STD, batch_size=128, epochs=2100, burn_in_epochs=100,
-        distill_every=4, student_lr=1e-2, input_noise_std=0.0,
-    ))
+    config = resolve_config(
+        method,
+        dict(
+            lr=lr_for(0.08, cov),
+            prior_std=PRIOR_STD,
+            batch_size=128,
+            epochs=2100,
+            burn_in_epochs=100,
+            distill_every=4,
+            student_lr=1e-2,
+            input_noise_std=0.0,
+        ),
+    )
     student = problem.make_model()
     start = (flat_parameters(student).double() - mean) / cov.diag().sqrt()
     trainer = StudentTrainer(student, bdk_loss(problem), problem, config)
     stats: dict[str, float] = {}
-    samples = torch.stack([flat_parameters(t).double() for t in interleaved_distillation(problem, config, trainer, stats)])
+    samples = torch.stack(
+        [flat_parameters(t).double() for t in interleaved_distillation(problem, config, trainer, stats)]
+    )
     assert len(samples) == 1000 == stats["student_steps"] == stats["teacher_samples"]
     assert stats["grad_evals"] == stats["teacher_steps"] + stats["student_steps"] == 4200 + 1000
     assert_spread(samples, cov, tol=0.2)
@@ -298,14 +324,22 @@ def test_grad_evals_count_teacher_and_student_and_test_time_cost_is_one_student(
 
 
 def test_end_to_end_trial_on_digits():
-    grid = parse_grid({
-        "name": "distil",
-        "methods": [{"name": m, "hyperparameters": {"burn_in_epochs": 1, "student_lr": 3e-3}} for m in ("bdk", "gped")],
-        "models": [{"name": "mlp", "options": {"widths": [32]}}],
-        "datasets": [{"name": "digits", "ood": ["noise"]}], "seeds": 1,
-        "budget": {"epochs": 4, "batch_size": 64}, "corruptions": {"types": []}, "adversarial": {"n_examples": 50},
-        "bit_depths": ["float16"],
-    }, "distil.yaml")
+    grid = parse_grid(
+        {
+            "name": "distil",
+            "methods": [
+                {"name": m, "hyperparameters": {"burn_in_epochs": 1, "student_lr": 3e-3}} for m in ("bdk", "gped")
+            ],
+            "models": [{"name": "mlp", "options": {"widths": [32]}}],
+            "datasets": [{"name": "digits", "ood": ["noise"]}],
+            "seeds": 1,
+            "budget": {"epochs": 4, "batch_size": 64},
+            "corruptions": {"types": []},
+            "adversarial": {"n_examples": 50},
+            "bit_depths": ["float16"],
+        },
+        "distil.yaml",
+    )
     for spec in grid.trial_specs():
         outcome = run_trial(spec, torch.device("cpu"))
         values = {(r["eval_set"], r["metric"]): r["value"] for r in outcome.metrics}
@@ -322,19 +356,39 @@ def test_end_to_end_trial_on_digits():
 def test_hyperparameters_are_bounded_and_constraints_checked():
     for name in ("bdk", "gped"):
         method = get_method(name)
-        assert {"lr", "prior_std", "temperature", "batch_size", "epochs", "burn_in_epochs", "distill_every",
-                "student_lr", "input_noise_std"} == {h.name for h in method.hyperparameters}
+        assert {
+            "lr",
+            "prior_std",
+            "temperature",
+            "batch_size",
+            "epochs",
+            "burn_in_epochs",
+            "distill_every",
+            "student_lr",
+            "input_noise_std",
+        } == {h.name for h in method.hyperparameters}
         for bad in ({"distill_every": 0}, {"input_noise_std": -0.1}, {"student_lr": -1.0}, {"temperature": -1.0}):
             with pytest.raises(ValueError):
                 resolve_config(method, bad)
         with pytest.raises(ValueError, match="burn_in_epochs must be below epochs"):
             check_constraints(method, resolve_config(method, {"epochs": 5, "burn_in_epochs": 5}))
         with pytest.raises(ValueError, match="distill_every must be at most the 23 post-burn-in teacher steps"):
-            check_constraints(method, resolve_config(method, {"epochs": 2, "burn_in_epochs": 1, "batch_size": 64,
-                                                              "distill_every": 24}), 1437)
-        raw = {"name": "bad", "methods": [{"name": name}], "models": ["mlp"], "datasets": ["digits"],
-               "seeds": 1, "budget": {"epochs": 20}}
+            check_constraints(
+                method,
+                resolve_config(method, {"epochs": 2, "burn_in_epochs": 1, "batch_size": 64, "distill_every": 24}),
+                1437,
+            )
+        raw = {
+            "name": "bad",
+            "methods": [{"name": name}],
+            "models": ["mlp"],
+            "datasets": ["digits"],
+            "seeds": 1,
+            "budget": {"epochs": 20},
+        }
         with pytest.raises(GridError, match="burn_in_epochs must be below epochs"):
             parse_grid(raw, "bad.yaml")
     with pytest.raises(ValueError, match="classification only"):
-        next(iter(get_method("gped").sample_posterior(make_blr_problem()[0], resolve_config(get_method("gped"), {}), {})))
+        next(
+            iter(get_method("gped").sample_posterior(make_blr_problem()[0], resolve_config(get_method("gped"), {}), {}))
+        )

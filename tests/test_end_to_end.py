@@ -36,8 +36,24 @@ TINY = {
     "adversarial": {"n_examples": 100, "attack_samples": 4},
 }
 TRIAL_REQUIRED = [
-    "trial_id", "phase", "method", "model", "dataset", "seed", "status", "error", "config", "wall_s", "cpu_s",
-    "gpu_s", "n_cpus", "n_gpus", "node", "n_samples", "train_s", "n_params",
+    "trial_id",
+    "phase",
+    "method",
+    "model",
+    "dataset",
+    "seed",
+    "status",
+    "error",
+    "config",
+    "wall_s",
+    "cpu_s",
+    "gpu_s",
+    "n_cpus",
+    "n_gpus",
+    "node",
+    "n_samples",
+    "train_s",
+    "n_params",
 ]
 
 
@@ -89,18 +105,30 @@ def test_metrics_parquet_contract(tiny_run):
     assert set(metrics["trial_id"]) == ok_ids
     one = metrics[metrics["trial_id"] == sorted(i for i in ok_ids if "mc_dropout-mlp-digits-" in i)[0]]
     test = one[one["eval_set"] == "test"].set_index("metric")["value"]
-    for metric in ["accuracy", "nll", "brier", "ece", "misclass_auroc_maxprob", "misclass_aupr_entropy", "misclass_auroc_mi", "decision_cost"]:
+    for metric in [
+        "accuracy",
+        "nll",
+        "brier",
+        "ece",
+        "misclass_auroc_maxprob",
+        "misclass_aupr_entropy",
+        "misclass_auroc_mi",
+        "decision_cost",
+    ]:
         assert metric in test.index, metric
     assert 0.5 < test["accuracy"] <= 1.0
     full_precision = {"test", "noise", "digits_inverted"}
     stored = {f"{name}@{scheme}" for name in full_precision for scheme in ("float16", "bfloat16", "int8")}
     corrupted = {f"corrupt:{kind}:{severity}" for kind in ("gaussian_noise", "rotate") for severity in (1, 5)}
-    attacked = {"adv:clean"} | {f"adv:{attack}_eps{eps:.6g}" for attack in ("fgsm", "pgd")
-                                for eps in (1 / 32, 1 / 16, 1 / 8, 1 / 4)}
+    attacked = {"adv:clean"} | {
+        f"adv:{attack}_eps{eps:.6g}" for attack in ("fgsm", "pgd") for eps in (1 / 32, 1 / 16, 1 / 8, 1 / 4)
+    }
     transferred = {name.replace("adv:", "transfer:") for name in attacked}  # crafted on the seed's sgd trial
     assert set(one["eval_set"]) == full_precision | stored | corrupted | attacked | transferred | {"cost"}
     ood = one[one["eval_set"] == "noise"].set_index("metric")["value"]
-    assert set(ood.index) == {f"ood_{m}_{s}" for m in ("auroc", "fpr95", "aupr_in", "aupr_out") for s in ("entropy", "mi")}
+    assert set(ood.index) == {
+        f"ood_{m}_{s}" for m in ("auroc", "fpr95", "aupr_in", "aupr_out") for s in ("entropy", "mi")
+    }
     cost = one[one["eval_set"] == "cost"].set_index("metric")["value"]
     assert {"train_s", "s_per_sample", "predict_s_per_example", "n_params"} <= set(cost.index)
     assert not metrics.duplicated(["trial_id", "eval_set", "metric"]).any()
@@ -117,22 +145,37 @@ def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
     metrics = pd.read_parquet(results / "metrics.parquet")
     reported = metrics[metrics["eval_set"] != "cost"]
     assert set(reported["method"]) == {"sgd", "mc_dropout"}
-    assert {"test@float16", "test@bfloat16", "test@int8", "noise@int8", "corrupt:rotate:5", "adv:pgd_eps0.0625",
-            "adv:clean"} <= set(reported["eval_set"])
+    assert {
+        "test@float16",
+        "test@bfloat16",
+        "test@int8",
+        "noise@int8",
+        "corrupt:rotate:5",
+        "adv:pgd_eps0.0625",
+        "adv:clean",
+    } <= set(reported["eval_set"])
     for (trial_id, dataset), rows in reported.groupby(["trial_id", "dataset"]):
-        saved = {p.name[len(trial_id) + 2 : -len(".parquet")]: pd.read_parquet(p)
-                 for p in (results / "predictions").glob(f"{trial_id}__*.parquet")}
+        saved = {
+            p.name[len(trial_id) + 2 : -len(".parquet")]: pd.read_parquet(p)
+            for p in (results / "predictions").glob(f"{trial_id}__*.parquet")
+        }
         cost = get_dataset(dataset).load({}, (), None, False, 0).cost_matrix
         recomputed = {}
         for scheme in ("", "@float16", "@bfloat16", "@int8"):  # full precision, then each bit depth
-            ood = {n: t for n, t in saved.items() if n != "test" + scheme and n.endswith(scheme) and
-                   ("@" in n) == bool(scheme) and not n.startswith(("corrupt:", "adv:", "transfer:"))}
+            ood = {
+                n: t
+                for n, t in saved.items()
+                if n != "test" + scheme
+                and n.endswith(scheme)
+                and ("@" in n) == bool(scheme)
+                and not n.startswith(("corrupt:", "adv:", "transfer:"))
+            }
             again = metrics_from_predictions(saved["test" + scheme], ood, None if cost is None else cost.numpy())
             recomputed.update({name + (scheme if name == "test" else ""): v for name, v in again.items()})
         for name in (n for n in saved if n.startswith("corrupt:")):  # labelled copies of the test set
             recomputed[name] = metrics_from_predictions(saved[name], {}, None if cost is None else cost.numpy())["test"]
         for kind in ("adv:", "transfer:"):
-            adversarial = {n[len(kind):]: t for n, t in saved.items() if n.startswith(kind)}
+            adversarial = {n[len(kind) :]: t for n, t in saved.items() if n.startswith(kind)}
             if adversarial:
                 recomputed.update({f"{kind}{n}": v for n, v in metrics_from_adversarial_tables(adversarial).items()})
         for row in rows[rows["metric"] != "reference"].itertuples():  # reference: a flag the trial sets
@@ -158,7 +201,7 @@ def test_transfer_attack_scores_every_method_on_the_examples_of_its_seeds_sgd_tr
     assert len(sources) == 2 and (sources["transfer_from"] == sources.index).all()
     for trial_id in sources.index:
         assert (results / "transfer" / f"{trial_id}.pt").is_file()
-    for trial_id, row in in_domain[in_domain["method"] == "mc_dropout"].iterrows():
+    for _, row in in_domain[in_domain["method"] == "mc_dropout"].iterrows():
         source = sources[sources["seed"] == row["seed"]].index[0]
         assert row["transfer_from"] == source
     decision = trials[(trials["dataset"] == "digits_imbalanced") & (trials["status"] == "ok")]

@@ -131,8 +131,18 @@ def test_parquet_one_table_with_a_split_column(tmp_path):
     frame.to_parquet(tmp_path / "table.parquet")
     ood = frame.assign(a=frame["a"] + 50.0)  # OOD: the test rows of a table with the same feature columns
     ood.drop(columns="target").to_parquet(tmp_path / "ood.parquet")
-    entry = {"name": "tab", "file": {"format": "parquet", "path": "table.parquet", "task": "classification",
-                                     "label": "target", "features": columns, "split": "part", "ood": {"shifted": "ood.parquet"}}}
+    entry = {
+        "name": "tab",
+        "file": {
+            "format": "parquet",
+            "path": "table.parquet",
+            "task": "classification",
+            "label": "target",
+            "features": columns,
+            "split": "part",
+            "ood": {"shifted": "ood.parquet"},
+        },
+    }
     ds = load_as_trial(write_grid(tmp_path, entry))
     mean, std = arrays["x_train"].mean(0), arrays["x_train"].std(0)
     assert ds.input_shape == (4,) and ds.n_outputs == N_CLASSES
@@ -145,7 +155,9 @@ def test_parquet_one_table_with_a_split_column(tmp_path):
     assert load_as_trial(write_grid(tmp_path, entry)).input_shape == (5,)
 
 
-def write_image_folder(root: Path, parts: dict[str, dict[str, int]], mode: str, size: tuple[int, int], seed: int) -> None:
+def write_image_folder(
+    root: Path, parts: dict[str, dict[str, int]], mode: str, size: tuple[int, int], seed: int
+) -> None:
     """``root/<part>/<class>/<i>.png``, random images of ``size`` (height, width) in ``mode``."""
     rng = np.random.default_rng(seed)
     for part, classes in parts.items():
@@ -158,16 +170,24 @@ def write_image_folder(root: Path, parts: dict[str, dict[str, int]], mode: str, 
 
 
 def test_image_folder_through_imagefolder_and_transforms_v2(tmp_path):
-    write_image_folder(tmp_path / "imgs", {"train": {"cat": 4, "dog": 3, "emu": 2}, "test": {"dog": 2, "emu": 1}}, "RGB", (6, 8), 0)
+    write_image_folder(
+        tmp_path / "imgs", {"train": {"cat": 4, "dog": 3, "emu": 2}, "test": {"dog": 2, "emu": 1}}, "RGB", (6, 8), 0
+    )
     write_image_folder(tmp_path / "other", {"test": {"any": 3}}, "L", (10, 10), 1)  # grey, larger: converted
-    entry = {"name": "pictures", "file": {"format": "image_folder", "path": "imgs", "task": "classification",
-                                          "ood": {"other": "other"}}}
+    entry = {
+        "name": "pictures",
+        "file": {"format": "image_folder", "path": "imgs", "task": "classification", "ood": {"other": "other"}},
+    }
     ds = load_as_trial(write_grid(tmp_path, entry, adversarial={"epsilons": [0.05], "n_examples": 3}))
     assert ds.input_shape == (3, 6, 8) and ds.n_outputs == 3  # the first training image's size and mode
     assert ds.train_y.tolist() == [0] * 4 + [1] * 3 + [2] * 2
     assert ds.test_y.tolist() == [1, 1, 2]  # numbered by train/'s classes although test/ lacks "cat"
-    pixels = np.stack([np.asarray(Image.open(p).convert("RGB"), dtype=np.float64) / 255.0
-                       for p in sorted((tmp_path / "imgs" / "train").glob("*/*.png"))])
+    pixels = np.stack(
+        [
+            np.asarray(Image.open(p).convert("RGB"), dtype=np.float64) / 255.0
+            for p in sorted((tmp_path / "imgs" / "train").glob("*/*.png"))
+        ]
+    )
     np.testing.assert_allclose(ds.pixel_mean, pixels.mean(axis=(0, 1, 2)), rtol=1e-5)
     np.testing.assert_allclose(ds.pixel_std, pixels.std(axis=(0, 1, 2)), rtol=1e-5)
     assert ds.ood["other"].shape == (3, 3, 6, 8)
@@ -231,7 +251,10 @@ def _parquet(tmp_path: Path) -> None:
 
 
 def _parquet_entry(**file: Any) -> dict[str, Any]:
-    return {"name": "tab", "file": {"format": "parquet", "path": "t.parquet", "task": "classification", "label": "y", **file}}
+    return {
+        "name": "tab",
+        "file": {"format": "parquet", "path": "t.parquet", "task": "classification", "label": "y", **file},
+    }
 
 
 def _bad_x_train(tmp_path: Path) -> None:
@@ -247,35 +270,83 @@ def _bad_ood_width(tmp_path: Path) -> None:
 
 BAD = {
     "missing file": (lambda p: None, npz_entry("absent.npz"), "file.path", "no such file: "),
-    "wrong array names": (lambda p: np.savez(p / "my.npz", X=np.zeros((3, 2)), y=np.zeros(3)), npz_entry(),
-                          "file.path", "has no array x_train, y_train, x_test, y_test; an npz dataset holds"),
-    "feature shapes differ": (lambda p: _npz(p, x_test=np.zeros((N_TEST, 3))), npz_entry(),
-                              "file.path", "x_test has feature shape (3,) but x_train (4,)"),
-    "y length": (lambda p: _npz(p, y_train=np.zeros(N_TRAIN - 1, int)), npz_entry(),
-                 "file.path", f"y_train has {N_TRAIN - 1} entries but x_train has {N_TRAIN} rows"),
-    "test label out of range": (lambda p: _npz(p, y_test=np.full(N_TEST, 5)), npz_entry(),
-                                "file.path", "y_test holds label 5, outside the training labels 0..2"),
-    "labels from 1": (lambda p: _npz(p, y_train=tabular()["y_train"] + 1, y_test=tabular()["y_test"] + 1), npz_entry(),
-                      "file.path", "y_train has no example of class 0; labels must be 0..K-1"),
-    "fractional labels": (lambda p: _npz(p, y_train=tabular()["y_train"] + 0.5), npz_entry(),
-                          "file.path", "y_train must hold integer class labels 0..K-1; found 0.5"),
+    "wrong array names": (
+        lambda p: np.savez(p / "my.npz", X=np.zeros((3, 2)), y=np.zeros(3)),
+        npz_entry(),
+        "file.path",
+        "has no array x_train, y_train, x_test, y_test; an npz dataset holds",
+    ),
+    "feature shapes differ": (
+        lambda p: _npz(p, x_test=np.zeros((N_TEST, 3))),
+        npz_entry(),
+        "file.path",
+        "x_test has feature shape (3,) but x_train (4,)",
+    ),
+    "y length": (
+        lambda p: _npz(p, y_train=np.zeros(N_TRAIN - 1, int)),
+        npz_entry(),
+        "file.path",
+        f"y_train has {N_TRAIN - 1} entries but x_train has {N_TRAIN} rows",
+    ),
+    "test label out of range": (
+        lambda p: _npz(p, y_test=np.full(N_TEST, 5)),
+        npz_entry(),
+        "file.path",
+        "y_test holds label 5, outside the training labels 0..2",
+    ),
+    "labels from 1": (
+        lambda p: _npz(p, y_train=tabular()["y_train"] + 1, y_test=tabular()["y_test"] + 1),
+        npz_entry(),
+        "file.path",
+        "y_train has no example of class 0; labels must be 0..K-1",
+    ),
+    "fractional labels": (
+        lambda p: _npz(p, y_train=tabular()["y_train"] + 0.5),
+        npz_entry(),
+        "file.path",
+        "y_train must hold integer class labels 0..K-1; found 0.5",
+    ),
     "nan": (_bad_x_train, npz_entry(), "file.path", "x_train holds 1 NaN or infinite value(s)"),
-    "infinite target": (lambda p: _npz(p, y_test=np.full(N_TEST, np.inf)),
-                        {"name": "r", "file": {"format": "npz", "path": "my.npz", "task": "regression", "noise_std": 0.1}},
-                        "file.path", "y_test holds 30 NaN or infinite value(s)"),
-    "pixels out of range": (lambda p: _npz(p, x_train=np.full((N_TRAIN, 4, 4), 255.0), x_test=np.zeros((N_TEST, 4, 4))),
-                            npz_entry(), "file.path", "x_train: image pixels must be uint8 (0-255) or numbers in [0, 1]"),
-    "unknown format": (_npz, npz_entry(format="csv"), "file.format", "unknown format 'csv'; allowed: npz, parquet, image_folder"),
+    "infinite target": (
+        lambda p: _npz(p, y_test=np.full(N_TEST, np.inf)),
+        {"name": "r", "file": {"format": "npz", "path": "my.npz", "task": "regression", "noise_std": 0.1}},
+        "file.path",
+        "y_test holds 30 NaN or infinite value(s)",
+    ),
+    "pixels out of range": (
+        lambda p: _npz(p, x_train=np.full((N_TRAIN, 4, 4), 255.0), x_test=np.zeros((N_TEST, 4, 4))),
+        npz_entry(),
+        "file.path",
+        "x_train: image pixels must be uint8 (0-255) or numbers in [0, 1]",
+    ),
+    "unknown format": (
+        _npz,
+        npz_entry(format="csv"),
+        "file.format",
+        "unknown format 'csv'; allowed: npz, parquet, image_folder",
+    ),
     "missing label column": (_parquet, _parquet_entry(label="target"), "file.label", "no column 'target' in "),
     "missing feature column": (_parquet, _parquet_entry(features=["a", "z"]), "file.features", "no column 'z' in "),
     "missing split column": (_parquet, _parquet_entry(split="fold"), "file.split", "no column 'fold' in "),
     "ood missing": (_npz, npz_entry(ood={"far": "nowhere.npz"}), "file.ood.far", "no such file: "),
-    "ood shape": (_bad_ood_width, npz_entry(ood={"far": "ood.npz"}), "file.ood.far", "has input shape (3,), the dataset (4,)"),
-    "image folder without test": (lambda p: write_image_folder(p / "imgs", {"train": {"a": 1, "b": 1}}, "L", (4, 4), 0),
-                                  {"name": "i", "file": {"format": "image_folder", "path": "imgs", "task": "classification"}},
-                                  "file.path", "no folder test/ in "),
-    "regression without noise": (_npz, {"name": "r", "file": {"format": "npz", "path": "my.npz", "task": "regression"}},
-                                 "file.noise_std", "a regression set needs the known observation noise std"),
+    "ood shape": (
+        _bad_ood_width,
+        npz_entry(ood={"far": "ood.npz"}),
+        "file.ood.far",
+        "has input shape (3,), the dataset (4,)",
+    ),
+    "image folder without test": (
+        lambda p: write_image_folder(p / "imgs", {"train": {"a": 1, "b": 1}}, "L", (4, 4), 0),
+        {"name": "i", "file": {"format": "image_folder", "path": "imgs", "task": "classification"}},
+        "file.path",
+        "no folder test/ in ",
+    ),
+    "regression without noise": (
+        _npz,
+        {"name": "r", "file": {"format": "npz", "path": "my.npz", "task": "regression"}},
+        "file.noise_std",
+        "a regression set needs the known observation noise std",
+    ),
     "key of another format": (_npz, npz_entry(label="y"), "file.label", "only for format parquet, not npz"),
 }
 
@@ -298,9 +369,16 @@ def test_a_bad_file_is_one_line_before_any_trial(case, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("entry", "field", "message"),
     [
-        ({"name": "digits", "file": {"format": "npz", "path": "my.npz", "task": "classification"}},
-         "datasets[0].name", "'digits' is a registered dataset"),
-        ({**npz_entry(), "ood": ["noise"]}, "datasets[0].ood", "datasets read from files name its OOD files in file.ood"),
+        (
+            {"name": "digits", "file": {"format": "npz", "path": "my.npz", "task": "classification"}},
+            "datasets[0].name",
+            "'digits' is a registered dataset",
+        ),
+        (
+            {**npz_entry(), "ood": ["noise"]},
+            "datasets[0].ood",
+            "datasets read from files name its OOD files in file.ood",
+        ),
         (npz_entry(shape=[2]), "datasets[0].file.shape", "unknown key; allowed: format, path"),
         (npz_entry(ood={"test": "my.npz"}), "datasets[0].file.ood.test", "an OOD set name is letters"),
     ],

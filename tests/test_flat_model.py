@@ -24,8 +24,9 @@ def conv_net(seed: int = 0) -> nn.Module:
 
 def grads_in_memory_order(net: nn.Module) -> torch.Tensor:
     """The gradients as a channels-last layout stores them: N, H, W, C for each convolution weight."""
-    return torch.cat([q.grad.permute(0, 2, 3, 1).reshape(-1) if q.dim() == 4 else q.grad.reshape(-1)
-                      for q in net.parameters()])
+    return torch.cat(
+        [q.grad.permute(0, 2, 3, 1).reshape(-1) if q.dim() == 4 else q.grad.reshape(-1) for q in net.parameters()]
+    )
 
 
 def inputs(n: int = 6) -> tuple[torch.Tensor, torch.Tensor]:

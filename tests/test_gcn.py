@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from exact_blr import batch_means_mcse
+
 from ursa_ray import data, models
 from ursa_ray.data.base import DatasetMissing
 from ursa_ray.data.graph import Graph, csbm, graph_dataset, load_csbm
@@ -24,12 +24,14 @@ PATH_EDGES = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])  # the path 
 def test_normalised_adjacency_of_a_path_by_hand():
     # A + I has row sums (2, 3, 3, 2); Â_ij = 1 / sqrt(d_i d_j) on the path's edges and the diagonal
     r6 = 1 / math.sqrt(6)
-    by_hand = torch.tensor([
-        [1 / 2, r6, 0, 0],
-        [r6, 1 / 3, 1 / 3, 0],
-        [0, 1 / 3, 1 / 3, r6],
-        [0, 0, r6, 1 / 2],
-    ])
+    by_hand = torch.tensor(
+        [
+            [1 / 2, r6, 0, 0],
+            [r6, 1 / 3, 1 / 3, 0],
+            [0, 1 / 3, 1 / 3, r6],
+            [0, 0, r6, 1 / 2],
+        ]
+    )
     torch.testing.assert_close(normalised_adjacency(PATH_EDGES, 4).to_dense(), by_hand)
     # one direction given, or an edge given twice: the dataset symmetrises; the model counts duplicates once
     doubled = torch.cat([PATH_EDGES, PATH_EDGES], dim=1)
@@ -94,8 +96,14 @@ def test_planetoid_file_missing_names_the_path_and_a_file_loads(tmp_path):
     test_mask = np.zeros(700, bool)
     test_mask[200:400] = True
     (tmp_path / "planetoid").mkdir()
-    np.savez(tmp_path / "planetoid" / "cora.npz", features=features, labels=labels, edges=edges[:, ::2],
-             train_mask=train_mask, test_mask=test_mask)
+    np.savez(
+        tmp_path / "planetoid" / "cora.npz",
+        features=features,
+        labels=labels,
+        edges=edges[:, ::2],
+        train_mask=train_mask,
+        test_mask=test_mask,
+    )
     data.get_dataset("cora").check(tmp_path, ())
     ds = data.get_dataset("cora").load({"left_out_classes": 1}, ("left_out_classes",), tmp_path, False, 0)
     assert ds.n_outputs == 3 and len(ds.train_x) == 60 and (ds.train_y < 3).all()
@@ -122,13 +130,25 @@ def test_linear_gcn_under_hmc_matches_the_exact_blr_on_propagated_features():
     graph = Graph(features.float(), edges)
     generator = torch.Generator().manual_seed(1)
     problem = Problem(
-        x=train.float().unsqueeze(1), y=y.float(), likelihood=Gaussian(noise_std),
-        make_model=lambda: build_gcn((1,), 1, feature_map=graph, layers=1), generator=generator,
+        x=train.float().unsqueeze(1),
+        y=y.float(),
+        likelihood=Gaussian(noise_std),
+        make_model=lambda: build_gcn((1,), 1, feature_map=graph, layers=1),
+        generator=generator,
         device=torch.device("cpu"),
     )
     method = get_method("hmc")
-    config = resolve_config(method, {"prior_std": prior_std, "step_size": 1e-2, "n_leapfrog": 3, "burn_in": 200,
-                                     "n_samples": 1500, "step_jitter": 0.2})
+    config = resolve_config(
+        method,
+        {
+            "prior_std": prior_std,
+            "step_size": 1e-2,
+            "n_leapfrog": 3,
+            "burn_in": 200,
+            "n_samples": 1500,
+            "step_jitter": 0.2,
+        },
+    )
     torch.manual_seed(0)
     samples = torch.stack([flat_parameters(p).double() for p in method.sample_posterior(problem, config, {})])
     mcse = batch_means_mcse(samples)

@@ -6,9 +6,8 @@ import copy
 from pathlib import Path
 
 import pytest
-import yaml
-
 import torch
+import yaml
 
 from ursa_ray import data
 from ursa_ray.cli import main
@@ -56,11 +55,26 @@ BAD = [
     (variant(methods=["nuts"]), "methods[0].name: unknown method 'nuts'; allowed: "),
     (variant(models=["transformer"]), "models[0].name: unknown model 'transformer'; allowed: "),
     (variant(datasets=["imagenet"]), "datasets[0].name: unknown dataset 'imagenet'; allowed: "),
-    (variant(datasets=[{"name": "digits", "ood": ["svhn"]}]), "datasets[0].ood: unknown OOD set 'svhn' for digits; allowed: digits_inverted"),
-    (variant(methods=[{"name": "sgd", "hyperparameters": {"lr": "fast"}}]), "methods[0].hyperparameters.lr: expected float, got 'fast'"),
-    (variant(methods=[{"name": "sgd", "hyperparameters": {"lr": -1.0}}]), "methods[0].hyperparameters.lr: expected a value >= 0.0"),
-    (variant(methods=[{"name": "sgd", "hyperparameters": {"warmup": 3}}]), "methods[0].hyperparameters.warmup: unknown option; allowed: lr, momentum"),
-    (variant(models=[{"name": "mlp", "options": {"widths": "wide"}}]), "models[0].options.widths: expected a list of positive integers"),
+    (
+        variant(datasets=[{"name": "digits", "ood": ["svhn"]}]),
+        "datasets[0].ood: unknown OOD set 'svhn' for digits; allowed: digits_inverted",
+    ),
+    (
+        variant(methods=[{"name": "sgd", "hyperparameters": {"lr": "fast"}}]),
+        "methods[0].hyperparameters.lr: expected float, got 'fast'",
+    ),
+    (
+        variant(methods=[{"name": "sgd", "hyperparameters": {"lr": -1.0}}]),
+        "methods[0].hyperparameters.lr: expected a value >= 0.0",
+    ),
+    (
+        variant(methods=[{"name": "sgd", "hyperparameters": {"warmup": 3}}]),
+        "methods[0].hyperparameters.warmup: unknown option; allowed: lr, momentum",
+    ),
+    (
+        variant(models=[{"name": "mlp", "options": {"widths": "wide"}}]),
+        "models[0].options.widths: expected a list of positive integers",
+    ),
     (variant(methods=[]), "methods: expected a non-empty list of methods"),
     (variant(models=[]), "models: expected a non-empty list of models"),
     (variant(datasets=[]), "datasets: expected a non-empty list of datasets"),
@@ -81,25 +95,57 @@ BAD = [
     (variant(resources={"gpu": -1}), "resources.gpu: expected a number >= 0, got -1"),
     (variant(resources={"tpu": 1}), "resources.tpu: unknown key; allowed: cpu, gpu, custom"),
     (variant(resources={"custom": {"big_mem": 0}}), "resources.custom.big_mem: expected a number > 0, got 0"),
-    (variant(models=[{"name": "mlp", "resources": {"gpu": "one"}}]), "models[0].resources.gpu: expected a number, got 'one'"),
-    (variant(models=["linear", {"name": "mlp", "resources": {"gpu": -0.5}}]),
-     "models[1].resources.gpu: expected a number >= 0, got -0.5"),
-    (variant(models=[{"name": "mlp", "resources": {"cpu": 0}}]), "models[0].resources.cpu: expected a number > 0, got 0"),
-    (variant(models=[{"name": "mlp", "resources": {"tpu": 1}}]), "models[0].resources.tpu: unknown key; allowed: cpu, gpu, custom"),
-    (variant(models=[{"name": "mlp", "resources": [1, 0]}]), "models[0].resources: expected a mapping with keys ['cpu', 'gpu', 'custom']"),
-    (variant(methods=["sgd", {"name": "mc_dropout", "resources": {"cpu": True}}]),
-     "methods[1].resources.cpu: expected a number, got True"),
-    (variant(methods=[{"name": "sgd", "resources": {"custom": ["big_mem"]}}]),
-     "methods[0].resources.custom: expected a mapping of resource name to amount, got ['big_mem']"),
-    (variant(methods=[{"name": "sgd", "resources": {"custom": {"big_mem": -1}}}]),
-     "methods[0].resources.custom.big_mem: expected a number > 0, got -1"),
+    (
+        variant(models=[{"name": "mlp", "resources": {"gpu": "one"}}]),
+        "models[0].resources.gpu: expected a number, got 'one'",
+    ),
+    (
+        variant(models=["linear", {"name": "mlp", "resources": {"gpu": -0.5}}]),
+        "models[1].resources.gpu: expected a number >= 0, got -0.5",
+    ),
+    (
+        variant(models=[{"name": "mlp", "resources": {"cpu": 0}}]),
+        "models[0].resources.cpu: expected a number > 0, got 0",
+    ),
+    (
+        variant(models=[{"name": "mlp", "resources": {"tpu": 1}}]),
+        "models[0].resources.tpu: unknown key; allowed: cpu, gpu, custom",
+    ),
+    (
+        variant(models=[{"name": "mlp", "resources": [1, 0]}]),
+        "models[0].resources: expected a mapping with keys ['cpu', 'gpu', 'custom']",
+    ),
+    (
+        variant(methods=["sgd", {"name": "mc_dropout", "resources": {"cpu": True}}]),
+        "methods[1].resources.cpu: expected a number, got True",
+    ),
+    (
+        variant(methods=[{"name": "sgd", "resources": {"custom": ["big_mem"]}}]),
+        "methods[0].resources.custom: expected a mapping of resource name to amount, got ['big_mem']",
+    ),
+    (
+        variant(methods=[{"name": "sgd", "resources": {"custom": {"big_mem": -1}}}]),
+        "methods[0].resources.custom.big_mem: expected a number > 0, got -1",
+    ),
     (variant(save_predictions="yes"), "save_predictions: expected true or false, got 'yes'"),
     (variant(name=None), "name: required"),
-    (variant(datasets=[{"name": "digits", "complexity": [1, 2]}]), "datasets[0].complexity: digits has no complexity to sweep"),
+    (
+        variant(datasets=[{"name": "digits", "complexity": [1, 2]}]),
+        "datasets[0].complexity: digits has no complexity to sweep",
+    ),
     (variant(methods=["sgd", "sgd"]), "methods: labels must be unique"),
-    (variant(methods=[{"name": "sgd", "models": ["resnet50"]}]), "methods[0].models: 'resnet50' is not among the grid's models: mlp"),
-    (variant(methods=[{"name": "sgd", "model_hyperparameters": {"mlp": {"lr": "x"}}}]), "methods[0].model_hyperparameters.mlp.lr: expected float"),
-    (variant(methods=[{"name": "sgd", "model_hyperparameters": {"vit": {"lr": 0.1}}}]), "methods[0].model_hyperparameters.vit: not among the grid's models: mlp"),
+    (
+        variant(methods=[{"name": "sgd", "models": ["resnet50"]}]),
+        "methods[0].models: 'resnet50' is not among the grid's models: mlp",
+    ),
+    (
+        variant(methods=[{"name": "sgd", "model_hyperparameters": {"mlp": {"lr": "x"}}}]),
+        "methods[0].model_hyperparameters.mlp.lr: expected float",
+    ),
+    (
+        variant(methods=[{"name": "sgd", "model_hyperparameters": {"vit": {"lr": 0.1}}}]),
+        "methods[0].model_hyperparameters.vit: not among the grid's models: mlp",
+    ),
 ]
 
 
@@ -110,7 +156,9 @@ def test_method_restricted_to_datasets():
     )
     specs = parse_grid(raw, "g.yaml").trial_specs()
     assert {(s["method"], s["dataset"], s["complexity"]) for s in specs} == {
-        ("sgd", "digits", None), ("mc_dropout", "e1", 1.0), ("mc_dropout", "e1", 2.0)
+        ("sgd", "digits", None),
+        ("mc_dropout", "e1", 1.0),
+        ("mc_dropout", "e1", 2.0),
     }
     with pytest.raises(GridError, match=r"methods\[0\].datasets: 'mnist' is not among the grid's datasets"):
         parse_grid(variant(methods=[{"name": "sgd", "datasets": ["mnist"]}]), "g.yaml")
@@ -137,7 +185,11 @@ def test_resources_per_method_and_model_merge_key_by_key():
     grid = parse_grid(raw, "g.yaml")
     got = {(s["label"], s["model"]): s["resources"] for s in grid.trial_specs() if s["seed"] == 0}
     assert got == {
-        ("sgd", "mlp"): {"cpu": 1, "gpu": 0.5, "custom": {"big_mem": 2}},  # gpu from the method, the rest from the model
+        ("sgd", "mlp"): {
+            "cpu": 1,
+            "gpu": 0.5,
+            "custom": {"big_mem": 2},
+        },  # gpu from the method, the rest from the model
         ("sgd", "linear"): {"cpu": 2, "gpu": 0.5, "custom": {"pool": 1}},  # cpu and custom from the grid
         ("mc_dropout", "mlp"): {"cpu": 1, "gpu": 0.1, "custom": {}},  # the method drops every custom resource
         ("mc_dropout", "linear"): {"cpu": 2, "gpu": 0, "custom": {}},
@@ -155,8 +207,10 @@ def test_resources_per_method_and_model_merge_key_by_key():
 def test_resources_do_not_change_trial_ids():
     """A trial's id (resume, the grid fingerprint) does not depend on what it asks Ray for."""
     plain = parse_grid(GOOD, "g.yaml").trial_specs()
-    raw = variant(models=[{"name": "mlp", "options": {"widths": [16]}, "resources": {"cpu": 4, "gpu": 1}}],
-                  methods=[{"name": "sgd", "hyperparameters": {"lr": 0.05}, "resources": {"gpu": 0.5}}, "mc_dropout"])
+    raw = variant(
+        models=[{"name": "mlp", "options": {"widths": [16]}, "resources": {"cpu": 4, "gpu": 1}}],
+        methods=[{"name": "sgd", "hyperparameters": {"lr": 0.05}, "resources": {"gpu": 0.5}}, "mc_dropout"],
+    )
     specs = parse_grid(raw, "g.yaml").trial_specs()
     assert [s["trial_id"] for s in specs] == [s["trial_id"] for s in plain]
     assert {s["resources"]["gpu"] for s in specs} == {0.5, 1}
@@ -207,7 +261,10 @@ def test_likelihood_temperature_reaches_the_subspace_trials():
     # the samplers that temper the whole posterior keep `temperature`
     raw = variant(
         methods=[
-            {"name": "sgld", "hyperparameters": {"temperature": 0.5, "burn_in_epochs": 1}},  # below the budget's 2 epochs
+            {
+                "name": "sgld",
+                "hyperparameters": {"temperature": 0.5, "burn_in_epochs": 1},
+            },  # below the budget's 2 epochs
             {"name": "hmc", "hyperparameters": {"temperature": 0.5}},
         ]
     )
@@ -285,7 +342,10 @@ def test_search_space_validation():
         ({"epochs": {"type": "uniform", "low": 1, "high": 3}}, "methods[0].search.epochs: epochs is a int; use int"),
         ({"lr": {"type": "uniform", "low": 0.3, "high": 0.1}}, "methods[0].search.lr: expected low < high"),
         ({"depth": {"type": "int", "low": 1, "high": 3}}, "methods[0].search.depth: unknown hyperparameter"),
-        ({"schedule": {"type": "choice", "values": ["step"]}}, "methods[0].search.schedule: expected one of ['constant', 'cosine']"),
+        (
+            {"schedule": {"type": "choice", "values": ["step"]}},
+            "methods[0].search.schedule: expected one of ['constant', 'cosine']",
+        ),
     ]
     for space, message in bad_cases:
         raw = variant(methods=[{"name": "sgd", "search": space}], search={"n_trials": 2})
@@ -295,7 +355,9 @@ def test_search_space_validation():
     with pytest.raises(GridError, match="search.algorithm: expected one of random, tpe"):
         parse_grid(variant(search={"algorithm": "grid", "n_trials": 2}), "s.yaml")
     with pytest.raises(GridError, match="methods declare search spaces but the grid has no search block"):
-        parse_grid(variant(methods=[{"name": "sgd", "search": {"lr": {"type": "uniform", "low": 0.1, "high": 0.2}}}]), "s.yaml")
+        parse_grid(
+            variant(methods=[{"name": "sgd", "search": {"lr": {"type": "uniform", "low": 0.1, "high": 0.2}}}]), "s.yaml"
+        )
 
 
 METRIC_MISMATCH = [
@@ -326,7 +388,9 @@ METRIC_MISMATCH = [
 ]
 
 
-@pytest.mark.parametrize("raw, metric, message", METRIC_MISMATCH, ids=["rmse-classification", "accuracy-regression", "mixed"])
+@pytest.mark.parametrize(
+    "raw, metric, message", METRIC_MISMATCH, ids=["rmse-classification", "accuracy-regression", "mixed"]
+)
 def test_a_selection_metric_the_task_does_not_report_is_rejected(raw, metric, message):
     with pytest.raises(GridError) as info:
         parse_grid({**raw, "search": {"n_trials": 2, "metric": metric}}, "grids/bad.yaml")
@@ -383,11 +447,15 @@ def test_validate_says_it_did_not_check_resources_without_a_reachable_cluster(tm
     assert main(["validate", str(grid_file)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"{grid_file}: valid: ")
-    assert lines[1:] == ["resources: not checked: no Ray cluster given (set RAY_ADDRESS or pass --address to check them)"]
+    assert lines[1:] == [
+        "resources: not checked: no Ray cluster given (set RAY_ADDRESS or pass --address to check them)"
+    ]
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # nothing listens on port 1
     assert main(["validate", str(grid_file)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and lines[1].startswith("resources: not checked: no Ray cluster reachable at 127.0.0.1:1 ("), lines
+    assert len(lines) == 2 and lines[1].startswith(
+        "resources: not checked: no Ray cluster reachable at 127.0.0.1:1 ("
+    ), lines
 
 
 def test_validate_runs_the_resource_check_on_a_reachable_cluster(ray_session, tmp_path, monkeypatch, capsys):
@@ -396,9 +464,15 @@ def test_validate_runs_the_resource_check_on_a_reachable_cluster(ray_session, tm
     grid_file = tmp_path / "cpu.yaml"
     grid_file.write_text(yaml.safe_dump(variant(resources={"cpu": 1})))
     assert main(["validate", str(grid_file), "--address", address]) == 0
-    assert capsys.readouterr().out.splitlines()[1] == f"resources: each trial's CPU=1 fits a node of the Ray cluster at {address}"
+    assert (
+        capsys.readouterr().out.splitlines()[1]
+        == f"resources: each trial's CPU=1 fits a node of the Ray cluster at {address}"
+    )
     grid_file.write_text(yaml.safe_dump(variant(resources={"cpu": 1, "gpu": 1})))
     assert main(["validate", str(grid_file), "--address", address]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert f"error: {grid_file}: resources: each trial asks for GPU=1, which no node of the Ray cluster has" in captured.err
+    assert (
+        f"error: {grid_file}: resources: each trial asks for GPU=1, which no node of the Ray cluster has"
+        in captured.err
+    )

@@ -16,8 +16,8 @@ from functools import cache
 
 import pytest
 import torch
-
 from exact_blr import batch_means_mcse, make_blr_problem, potential
+
 from ursa_ray.methods import get_method, hmc
 from ursa_ray.methods.base import Gaussian, Problem, flat_parameters, resolve_config
 from ursa_ray.methods.hmc import DualAveraging, acceptance_probability, hamiltonian, make_potential
@@ -120,8 +120,14 @@ def test_tiny_steps_accept_nearly_always_and_samples_are_the_live_model():
     method = get_method("hmc")
     config = resolve_config(
         method,
-        {"prior_std": PRIOR_STD, "step_size": 1e-4, "n_leapfrog": 3, "burn_in": 0, "n_samples": 20,
-         "adapt_step_size": False},
+        {
+            "prior_std": PRIOR_STD,
+            "step_size": 1e-4,
+            "n_leapfrog": 3,
+            "burn_in": 0,
+            "n_samples": 20,
+            "adapt_step_size": False,
+        },
     )
     stats: dict[str, float] = {}
     seen = []

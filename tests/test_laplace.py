@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
-
 from exact_blr import make_blr_problem
 from small_problems import regression_problem
+
 from ursa_ray.cli import main
 from ursa_ray.data import get_dataset
 from ursa_ray.grid import GridError, parse_grid
@@ -140,7 +140,9 @@ def test_last_layer_kron_marglik_on_digits_keeps_sgd_accuracy_and_is_more_uncert
     and the knowledge uncertainty (mutual information) on uniform noise and inverted digits at least 1.5
     times that on the test set (2.5–4 times on seeds 0–2).  Its test NLL is *higher* than SGD's here
     (0.15 vs 0.11: post-hoc marglik gives an underconfident posterior on 1,437 examples), so no NLL check."""
-    (sgd,) = get_method("sgd").sample_posterior(digits_problem(0, [200, 200]), resolve_config(get_method("sgd"), QUICK), {})
+    (sgd,) = get_method("sgd").sample_posterior(
+        digits_problem(0, [200, 200]), resolve_config(get_method("sgd"), QUICK), {}
+    )
     sets = {"test": DIGITS.test_x, **DIGITS.ood}
     with torch.no_grad():
         sgd_accuracy = (sgd(DIGITS.test_x).argmax(1) == DIGITS.test_y).float().mean().item()
@@ -148,7 +150,9 @@ def test_last_layer_kron_marglik_on_digits_keeps_sgd_accuracy_and_is_more_uncert
     n_samples = 20
     config = resolve_config(get_method("laplace"), {**QUICK, "n_samples": n_samples})
     assert (config["subset_of_weights"], config["hessian_structure"], config["optimize_prior_precision"]) == (
-        "last_layer", "kron", "marglik"
+        "last_layer",
+        "kron",
+        "marglik",
     )
     stats: dict[str, float] = {}
     mean = {k: 0.0 for k in sets}
@@ -182,7 +186,13 @@ def test_weights_load_as_laplace_torch_loads_them_and_storage_counts_its_factors
     n_samples = 50
     config = resolve_config(
         get_method("laplace"),
-        {"epochs": 3, "batch_size": 64, "subset_of_weights": subset, "hessian_structure": structure, "n_samples": n_samples},
+        {
+            "epochs": 3,
+            "batch_size": 64,
+            "subset_of_weights": subset,
+            "hessian_structure": structure,
+            "n_samples": n_samples,
+        },
     )
     model, la = fit_laplace(digits_problem(1, [32]), config, {})
     x = DIGITS.test_x[:100]
@@ -226,7 +236,9 @@ def test_storage_of_the_small_scale_mlp_by_hand():
     assert count(hessian_structure="full") == StorageCount(weights=p + 2010**2)
     assert count(subset_of_weights="all", hessian_structure="diag") == StorageCount(weights=2 * p)
     layers = (200**2 + 784**2) + 200**2 + (200**2 + 200**2) + 200**2 + (10**2 + 200**2) + 10**2
-    assert count(subset_of_weights="all", prior_structure="layerwise") == StorageCount(weights=p + layers, other_values=6)
+    assert count(subset_of_weights="all", prior_structure="layerwise") == StorageCount(
+        weights=p + layers, other_values=6
+    )
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -14,18 +14,18 @@ from ursa_ray.evaluation import (
     accuracy,
     adaptive_calibration_error,
     aurc,
-    calibrated_nll,
-    fpr_at_95_tpr,
-    risk_coverage_curve,
-    selective_prediction,
     brier,
+    calibrated_nll,
     classification_metrics,
     decision_cost,
     expected_calibration_error,
+    fpr_at_95_tpr,
     misclassification_detection,
     nll,
     ood_detection,
     ood_metrics,
+    risk_coverage_curve,
+    selective_prediction,
 )
 
 PROBS = np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]])
@@ -60,9 +60,7 @@ def test_nll_hand_case_smoothed_and_plain() -> None:
 
 def test_nll_plain_matches_sklearn_log_loss() -> None:
     probs, labels = _random_case()
-    assert nll(probs, labels, smoothing=0.0) == pytest.approx(
-        log_loss(labels, probs, labels=range(5)), rel=1e-12
-    )
+    assert nll(probs, labels, smoothing=0.0) == pytest.approx(log_loss(labels, probs, labels=range(5)), rel=1e-12)
 
 
 def test_nll_smoothing_keeps_zero_probability_finite() -> None:
@@ -75,9 +73,7 @@ def test_brier_hand_case_and_direct_sum() -> None:
     # (0.3² + 0.2² + 0.1²) = 0.14 and (0.1² + 0.6² + 0.7²) = 0.86; mean 0.5
     assert brier(PROBS, LABELS) == pytest.approx(0.5, abs=1e-12)
     probs, labels = _random_case(seed=1)
-    direct = sum(
-        sum((probs[i, k] - (labels[i] == k)) ** 2 for k in range(5)) for i in range(len(labels))
-    ) / len(labels)
+    direct = sum(sum((probs[i, k] - (labels[i] == k)) ** 2 for k in range(5)) for i in range(len(labels))) / len(labels)
     assert brier(probs, labels) == pytest.approx(direct, rel=1e-12)
 
 
@@ -176,8 +172,16 @@ def test_classification_metrics_assembles_every_metric() -> None:
     out = classification_metrics(pred, labels, cost)
     probs, y = pred.mean_probs, labels.numpy()
     assert set(out) == {
-        "accuracy", "nll", "brier", "ece", "ece_adaptive", "decision_cost", "mean_entropy", "mean_mi",
-        "nll_calibrated", "calibration_temperature",
+        "accuracy",
+        "nll",
+        "brier",
+        "ece",
+        "ece_adaptive",
+        "decision_cost",
+        "mean_entropy",
+        "mean_mi",
+        "nll_calibrated",
+        "calibration_temperature",
         *misclassification_detection(probs, y, pred.mutual_information),
         *selective_prediction(probs, y, pred.mutual_information),
     }
@@ -219,9 +223,7 @@ def test_adaptive_ece_hand_case_and_loop_over_equal_mass_bins() -> None:
     probs, labels = _random_case(n=500, seed=8)
     confidence, correct = probs.max(1), probs.argmax(1) == labels
     order = np.argsort(confidence)
-    expected = sum(
-        len(b) / 500 * abs(correct[b].mean() - confidence[b].mean()) for b in np.array_split(order, 15)
-    )
+    expected = sum(len(b) / 500 * abs(correct[b].mean() - confidence[b].mean()) for b in np.array_split(order, 15))
     assert adaptive_calibration_error(probs, labels) == pytest.approx(expected, rel=1e-12)
 
 
@@ -330,7 +332,12 @@ def test_fpr_at_95_tpr_hand_case_and_loop() -> None:
 
 def test_ood_detection_aupr_in_and_out_and_fpr95_by_each_score() -> None:
     rng = np.random.default_rng(14)
-    in_h, in_mi, ood_h, ood_mi = rng.uniform(size=40), rng.uniform(size=40), rng.uniform(0.3, 1.3, size=30), rng.uniform(size=30)
+    in_h, in_mi, ood_h, ood_mi = (
+        rng.uniform(size=40),
+        rng.uniform(size=40),
+        rng.uniform(0.3, 1.3, size=30),
+        rng.uniform(size=30),
+    )
     out = ood_detection(in_h, in_mi, ood_h, ood_mi)
     is_ood = np.r_[np.zeros(40), np.ones(30)]
     for name, score in (("entropy", np.r_[in_h, ood_h]), ("mi", np.r_[in_mi, ood_mi])):

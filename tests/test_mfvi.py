@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from exact_blr import make_blr_problem
+from small_problems import regression_problem
 from torch import nn
 from torch.nn import functional as F
 
-from exact_blr import make_blr_problem
-from small_problems import regression_problem
 from ursa_ray.methods import get_method
-from ursa_ray.methods.base import Problem, Categorical, resolve_config
+from ursa_ray.methods.base import Categorical, Problem, resolve_config
 from ursa_ray.methods.batched import StackedNetworks
 from ursa_ray.methods.mfvi import BayesianConv2d, BayesianLayer, install_bayesian_layers, kl_terms, stacked_kl
 from ursa_ray.models.mlp import build_mlp
@@ -31,9 +31,16 @@ def correlated_blr_problem(correlation: float = 0.6, n: int = 256, d: int = 4, n
     the posterior is correlated and the mean-field optimum visibly narrower than the marginals."""
     problem, _, _ = make_blr_problem(n=n, d=d, noise_std=noise_std)
     gen = torch.Generator().manual_seed(5)
-    z, shared = torch.randn(n, d, generator=gen, dtype=torch.float64), torch.randn(n, 1, generator=gen, dtype=torch.float64)
+    z, shared = (
+        torch.randn(n, d, generator=gen, dtype=torch.float64),
+        torch.randn(n, 1, generator=gen, dtype=torch.float64),
+    )
     x = (1 - correlation) ** 0.5 * z + correlation**0.5 * shared + 0.15
-    y = x @ torch.linspace(-1, 1, d, dtype=torch.float64) + 0.5 + noise_std * torch.randn(n, generator=gen, dtype=torch.float64)
+    y = (
+        x @ torch.linspace(-1, 1, d, dtype=torch.float64)
+        + 0.5
+        + noise_std * torch.randn(n, generator=gen, dtype=torch.float64)
+    )
     phi = torch.cat([x, torch.ones(n, 1, dtype=torch.float64)], dim=1)
     precision = phi.T @ phi / noise_std**2 + torch.eye(d + 1, dtype=torch.float64)
     cov = torch.linalg.inv(precision)
@@ -53,7 +60,15 @@ def test_fitted_mean_field_gaussian_is_the_optimum_of_bayesian_linear_regression
     method = get_method("mfvi")
     config = resolve_config(
         method,
-        {"epochs": 300, "batch_size": 32, "lr": 0.01, "kl_warmup": 0.0, "prior_std": 1.0, "init_std": 0.1, "n_samples": 1},
+        {
+            "epochs": 300,
+            "batch_size": 32,
+            "lr": 0.01,
+            "kl_warmup": 0.0,
+            "prior_std": 1.0,
+            "init_std": 0.1,
+            "n_samples": 1,
+        },
     )
     stats: dict[str, float] = {}
     model = next(method.sample_posterior(problem, config, stats))
@@ -98,10 +113,14 @@ def test_flipout_gives_each_example_one_weight_draw_shared_over_positions():
     sigma2 = F.softplus(layer.weight_rho).detach().reshape(-1) ** 2
     a, b = x[0, 0, :, 0:3].reshape(-1), x[0, 0, :, 1:4].reshape(-1)
     cov = torch.cov(out.T)
-    expected = torch.tensor([[(a * a * sigma2).sum(), (a * b * sigma2).sum()], [(a * b * sigma2).sum(), (b * b * sigma2).sum()]])
+    expected = torch.tensor(
+        [[(a * a * sigma2).sum(), (a * b * sigma2).sum()], [(a * b * sigma2).sum(), (b * b * sigma2).sum()]]
+    )
     torch.testing.assert_close(cov, expected, atol=0.12 * expected.abs().max(), rtol=0)
     assert expected[0, 1].abs() > 0.3 * expected.abs().max()  # a covariance the local trick would miss
-    torch.testing.assert_close(out.mean(0), F.conv2d(x, layer.weight_mean.detach()).reshape(-1), atol=0.1 * expected.abs().max() ** 0.5, rtol=0)
+    torch.testing.assert_close(
+        out.mean(0), F.conv2d(x, layer.weight_mean.detach()).reshape(-1), atol=0.1 * expected.abs().max() ** 0.5, rtol=0
+    )
 
 
 def test_mfvi_trains_a_cnn_with_batch_norm():
@@ -111,8 +130,12 @@ def test_mfvi_trains_a_cnn_with_batch_norm():
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(32, 3, 8, 8, generator=gen)
     problem = Problem(
-        x=x, y=(x.mean((1, 2, 3)) > 0).long(), likelihood=Categorical(),
-        make_model=lambda: CifarResNet(3, 2, width=4, stages=(1, 1)), generator=gen, device=torch.device("cpu"),
+        x=x,
+        y=(x.mean((1, 2, 3)) > 0).long(),
+        likelihood=Categorical(),
+        make_model=lambda: CifarResNet(3, 2, width=4, stages=(1, 1)),
+        generator=gen,
+        device=torch.device("cpu"),
     )
     method = get_method("mfvi")
     config = resolve_config(method, {"epochs": 2, "batch_size": 16, "n_samples": 2})

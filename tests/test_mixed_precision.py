@@ -48,9 +48,14 @@ def test_only_the_output_layer_is_kept_float32():
 def test_mixed_precision_evaluation_matches_float32_within_tolerance():
     torch.manual_seed(0)
     ds = get_dataset("digits").load({}, ("noise", "digits_rotated"), None, False, 0)
-    problem = Problem(ds.train_x, ds.train_y, Categorical(),
-                      lambda: keep_output_layer_float32(build_mlp((1, 8, 8), 10, [200, 200]), 10),
-                      torch.Generator().manual_seed(0), torch.device("cpu"))
+    problem = Problem(
+        ds.train_x,
+        ds.train_y,
+        Categorical(),
+        lambda: keep_output_layer_float32(build_mlp((1, 8, 8), 10, [200, 200]), 10),
+        torch.Generator().manual_seed(0),
+        torch.device("cpu"),
+    )
     method = get_method("mc_dropout")
     config = resolve_config(method, {"epochs": 10, "n_samples": 10, "batch_size": 64})
     sets = [("test", ds.test_x), *ds.ood.items()]

@@ -14,11 +14,11 @@ import math
 import pytest
 import scipy.stats
 import torch
-from torch import nn
-
 from exact_blr import batch_means_mcse, make_blr_problem
 from test_hmc import draw as hmc_draw
 from test_sgmcmc import CHAINS, N_TRAIN, PRIOR_STD, assert_spread, draw, exact_gradients, lr_for, without_numba  # noqa: F401
+from torch import nn
+
 from ursa_ray.methods import get_method, swag
 from ursa_ray.methods._training import (
     PRECISIONS,
@@ -115,8 +115,17 @@ def test_batched_copies_train_under_bfloat16(monkeypatch, name):
     method = get_method(name)
     if name == "sgld":
         problem, _, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD)
-        config = resolve_config(method, {"epochs": 2, "burn_in_epochs": 1, "n_samples": 1, "n_chains": 2,
-                                         "lr": lr_for(0.03, cov), "prior_std": PRIOR_STD})
+        config = resolve_config(
+            method,
+            {
+                "epochs": 2,
+                "burn_in_epochs": 1,
+                "n_samples": 1,
+                "n_chains": 2,
+                "lr": lr_for(0.03, cov),
+                "prior_std": PRIOR_STD,
+            },
+        )
         list(method.sample_posterior(mixed(problem), config, {}))
         assert seen and set(seen) == {BF16}, seen
     else:
@@ -140,8 +149,15 @@ def noise_problem(make_model) -> Problem:
     """A regression problem on d = 2000 inputs whose model is a linear layer with every weight at 1.0."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(64, 2000, generator=generator)
-    return Problem(x, torch.randn(64, generator=generator), Gaussian(1.0), make_model, generator,
-                   torch.device("cpu"), training_precision=BF16)
+    return Problem(
+        x,
+        torch.randn(64, generator=generator),
+        Gaussian(1.0),
+        make_model,
+        generator,
+        torch.device("cpu"),
+        training_precision=BF16,
+    )
 
 
 def ones_linear(dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -206,8 +222,9 @@ def test_one_step_noise_variance_under_bfloat16_is_2_alpha_eta_T(name, friction)
 
         problem = mixed(dataclasses.replace(problem, make_model=make_model))
         extra = {"alpha": friction, "schedule": "constant"} if name == "sghmc" else {}
-        samples, _ = draw(name, problem, lr=lr_for(0.03, cov), batch_size=N_TRAIN, epochs=1, burn_in_epochs=0,
-                          n_samples=1, **extra)
+        samples, _ = draw(
+            name, problem, lr=lr_for(0.03, cov), batch_size=N_TRAIN, epochs=1, burn_in_epochs=0, n_samples=1, **extra
+        )
         starts.append(made[0])
         ends.append(samples[0])
     theta0, theta1 = torch.stack(starts), torch.stack(ends)
@@ -267,8 +284,14 @@ def test_gpu_check_cpu_smoke_runs_every_part_of_issue_33():
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_check.py"), "--cpu-smoke"],
-                          capture_output=True, text=True, timeout=1200, env=env, cwd=root)
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "gpu_check.py"), "--cpu-smoke"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=env,
+        cwd=root,
+    )
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert not [line for line in out.splitlines() if line.startswith("FAIL")], out[-3000:]
@@ -298,8 +321,14 @@ def test_grid_precision_reaches_the_problem_and_the_trial_record():
     from ursa_ray.results import TRIAL_SCHEMA
     from ursa_ray.trial import TrialRun, run_trial
 
-    raw = {"name": "precision", "methods": ["sgd"], "models": [{"name": "mlp", "options": {"widths": [8]}}],
-           "datasets": [{"name": "e1", "complexity": [1]}], "seeds": [0], "budget": {"epochs": 1}}
+    raw = {
+        "name": "precision",
+        "methods": ["sgd"],
+        "models": [{"name": "mlp", "options": {"widths": [8]}}],
+        "datasets": [{"name": "e1", "complexity": [1]}],
+        "seeds": [0],
+        "budget": {"epochs": 1},
+    }
     with pytest.raises(GridError, match=r"^<grid>: precision: expected one of bf16-mixed, float32, got 'fp16'$"):
         parse_grid({**raw, "precision": "fp16"})
     specs = {p: parse_grid({**raw, "precision": p} if p else raw).trial_specs()[0] for p in (None, *PRECISIONS)}

@@ -11,8 +11,7 @@ import torch
 
 from ursa_ray import models
 from ursa_ray.cli import main
-from ursa_ray.data import get_dataset
-from ursa_ray.data import mnist_5k
+from ursa_ray.data import get_dataset, mnist_5k
 from ursa_ray.data._vision_files import write_mnist_family
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # MNIST's published pixel statistics (60,000 training images)
@@ -61,8 +60,14 @@ def test_the_split_is_fixed():
 def test_same_layout_as_torchvision_mnist(tmp_path):
     rng = np.random.default_rng(0)
     labels = np.tile(np.arange(10, dtype=np.uint8), 2)
-    write_mnist_family(tmp_path, "mnist", rng.integers(0, 256, (20, 28, 28), dtype=np.uint8), labels,
-                       rng.integers(0, 256, (20, 28, 28), dtype=np.uint8), labels)
+    write_mnist_family(
+        tmp_path,
+        "mnist",
+        rng.integers(0, 256, (20, 28, 28), dtype=np.uint8),
+        labels,
+        rng.integers(0, 256, (20, 28, 28), dtype=np.uint8),
+        labels,
+    )
     mnist = get_dataset("mnist").load({}, (), tmp_path, False, 0)
     ours = get_dataset("mnist_5k").load({}, (), None, False, 0)
     assert ours.input_shape == mnist.input_shape and ours.train_x.dtype == mnist.train_x.dtype

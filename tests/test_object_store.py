@@ -63,12 +63,16 @@ def s3():
 
 def _keys(location: Location) -> list[str]:
     infos = location.fs.get_file_info(pafs.FileSelector(location.path, recursive=True, allow_not_found=True))
-    return sorted(i.path[len(location.path) + 1:] for i in infos if i.type == pafs.FileType.File)
+    return sorted(i.path[len(location.path) + 1 :] for i in infos if i.type == pafs.FileType.File)
 
 
 def test_location_names_local_paths_and_uris(tmp_path):
     local = Location.parse(tmp_path / "out")
-    assert local.is_local and local.path == str(tmp_path / "out") and str(local / "trials.parquet") == str(tmp_path / "out" / "trials.parquet")
+    assert (
+        local.is_local
+        and local.path == str(tmp_path / "out")
+        and str(local / "trials.parquet") == str(tmp_path / "out" / "trials.parquet")
+    )
     assert Location.parse(f"file://{tmp_path}/out").path == local.path
     remote = Location.parse("s3://bucket/runs/a?endpoint_override=127.0.0.1:1&scheme=http")
     assert not remote.is_local and remote.path == "bucket/runs/a" and remote.name == "a"
@@ -76,7 +80,7 @@ def test_location_names_local_paths_and_uris(tmp_path):
     assert child.path == "bucket/runs/a/figures/x.png"
     assert child.uri == "s3://bucket/runs/a/figures/x.png?endpoint_override=127.0.0.1:1&scheme=http"
     with pytest.raises(ValueError):
-        remote.local_path
+        _ = remote.local_path
 
 
 def test_results_directory_writes_whole_objects_only(s3):
@@ -87,7 +91,11 @@ def test_results_directory_writes_whole_objects_only(s3):
     results.add({"trial_id": "t1", "status": "ok"}, [{"trial_id": "t1", "metric": "nll", "value": 0.4}])  # replaces
     results.add({"trial_id": "t2", "status": "failed"})
     # one part per trial and table, no temporary or partial objects
-    assert _keys(results.location) == ["metrics.parquet/t1.parquet", "trials.parquet/t1.parquet", "trials.parquet/t2.parquet"]
+    assert _keys(results.location) == [
+        "metrics.parquet/t1.parquet",
+        "trials.parquet/t1.parquet",
+        "trials.parquet/t2.parquet",
+    ]
     again = ResultsDirectory(uri)
     assert again.finished_ids() == {"t1"}
     assert again.read("metrics")["value"].tolist() == [0.4]
@@ -113,7 +121,10 @@ def test_run_resume_and_report_on_an_s3_uri(s3, tmp_path):
     out = Location.parse(uri)
     keys = _keys(out)
     assert "grid.yaml" in keys
-    assert {k.split("/")[0] for k in keys if k.endswith(".parquet") and "/" in k} >= {"trials.parquet", "metrics.parquet"}
+    assert {k.split("/")[0] for k in keys if k.endswith(".parquet") and "/" in k} >= {
+        "trials.parquet",
+        "metrics.parquet",
+    }
     assert yaml.safe_load((out / "grid.yaml").read_text()) == GRID
     assert sum(k.startswith("ray/final-") and k.endswith("/record.json") for k in keys) == 2  # Tune's checkpoints
     trials = (out / "trials.parquet").read_parquet()
@@ -159,8 +170,12 @@ def _add_trials(results: ResultsDirectory, ids: range, value: float = 0.0, faile
 
 def _tables(uri: str) -> dict[str, pd.DataFrame]:
     results = ResultsDirectory(uri)
-    return {name: results.read(name).sort_values(["trial_id", *(["metric"] if name == "metrics" else [])]).reset_index(drop=True)
-            for name in ("trials", "metrics")}
+    return {
+        name: results.read(name)
+        .sort_values(["trial_id", *(["metric"] if name == "metrics" else [])])
+        .reset_index(drop=True)
+        for name in ("trials", "metrics")
+    }
 
 
 def test_compact_on_an_object_store_follows_a_manifest(s3, monkeypatch):

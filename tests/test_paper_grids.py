@@ -15,8 +15,16 @@ from ursa_ray.trial import run_trial
 
 GRIDS = Path(__file__).resolve().parents[1] / "grids"
 SHRINK = {
-    "epochs": 2, "burn_in_epochs": 1, "n_samples": 2, "n_cycles": 1, "epochs_per_cycle": 10, "samples_per_cycle": 1,
-    "swa_epochs": 2, "burn_in": 2, "n_leapfrog": 3, "rank": 2,
+    "epochs": 2,
+    "burn_in_epochs": 1,
+    "n_samples": 2,
+    "n_cycles": 1,
+    "epochs_per_cycle": 10,
+    "samples_per_cycle": 1,
+    "swa_epochs": 2,
+    "burn_in": 2,
+    "n_leapfrog": 3,
+    "rank": 2,
 }
 
 
@@ -85,7 +93,9 @@ def test_small_scale_every_method_starts_on_mnist_format_files(with_data):
 
 def test_medium_scale_starts_on_cifar_format_files(with_data):
     grid = load_grid(GRIDS / "medium_scale.yaml")
-    spec = next(s for s in grid.trial_specs() if s["label"] == "sgd" and s["model"] == "resnet50" and s["dataset"] == "cifar10")
+    spec = next(
+        s for s in grid.trial_specs() if s["label"] == "sgd" and s["model"] == "resnet50" and s["dataset"] == "cifar10"
+    )
     spec = _shrunk(spec)
     spec["config"] = {**spec["config"], "epochs": 1}
     outcome = run_trial(spec)

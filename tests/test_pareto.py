@@ -51,8 +51,12 @@ def test_a_method_missing_a_value_is_left_out_and_named():
     )
     assert quality_composites(scores) == ["accuracy", "nll"]  # no cost, training cost, rank or count column
     fronts = pareto_fronts(scores)
-    assert list(fronts.index) == [("flops_per_prediction", "accuracy"), ("flops_per_prediction", "nll"),
-                                  ("storage_bytes", "accuracy"), ("storage_bytes", "nll")]
+    assert list(fronts.index) == [
+        ("flops_per_prediction", "accuracy"),
+        ("flops_per_prediction", "nll"),
+        ("storage_bytes", "accuracy"),
+        ("storage_bytes", "nll"),
+    ]
     assert fronts.loc[("flops_per_prediction", "accuracy"), "front"] == ["m"]
     assert fronts.loc[("flops_per_prediction", "nll"), "no_value"] == ["n"]
     assert fronts.loc[("storage_bytes", "accuracy"), "front"] == ["n", "k", "l"]
@@ -93,18 +97,43 @@ def _results_directory(path, with_cost: bool) -> None:
     for method, (accuracy, nll, flops, storage) in METHODS.items():
         for seed in (0, 1):
             trial_id = f"{method}-{seed}"
-            record = {"trial_id": trial_id, "phase": "final", "cell": f"{method}/mlp/digits", "method": method,
-                      "method_name": method, "model": "mlp", "dataset": "digits", "task": "classification",
-                      "decision_task": False, "seed": seed, "status": "ok", "reserved_cpu_s": 10.0,
-                      "reserved_gpu_s": 0.0, "finished_at": float(seed), "selection": ""}
+            record = {
+                "trial_id": trial_id,
+                "phase": "final",
+                "cell": f"{method}/mlp/digits",
+                "method": method,
+                "method_name": method,
+                "model": "mlp",
+                "dataset": "digits",
+                "task": "classification",
+                "decision_task": False,
+                "seed": seed,
+                "status": "ok",
+                "reserved_cpu_s": 10.0,
+                "reserved_gpu_s": 0.0,
+                "finished_at": float(seed),
+                "selection": "",
+            }
             values = [("test", "accuracy", accuracy), ("test", "nll", nll)]
             if with_cost:
                 values += [("cost", "flops_per_prediction", flops), ("cost", "storage_bytes_32", storage)]
-            results.add(record, [
-                {"trial_id": trial_id, "method": method, "model": "mlp", "dataset": "digits", "seed": seed,
-                 "phase": "final", "eval_set": e, "metric": k, "value": v + 0.01 * seed * (k != "flops_per_prediction")}
-                for e, k, v in values
-            ])
+            results.add(
+                record,
+                [
+                    {
+                        "trial_id": trial_id,
+                        "method": method,
+                        "model": "mlp",
+                        "dataset": "digits",
+                        "seed": seed,
+                        "phase": "final",
+                        "eval_set": e,
+                        "metric": k,
+                        "value": v + 0.01 * seed * (k != "flops_per_prediction"),
+                    }
+                    for e, k, v in values
+                ],
+            )
 
 
 def test_report_writes_the_pareto_section_and_figures(tmp_path):

@@ -45,7 +45,17 @@ def refresh_registries() -> None:
 @pytest.fixture(scope="session")
 def example_plugin() -> Path:
     """examples/plugin installed (editable, left installed), visible to this process and to new ones."""
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "-e", str(EXAMPLE)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "-e",
+        str(EXAMPLE),
+    ]
     installed = subprocess.run(command, capture_output=True, text=True)
     assert installed.returncode == 0, installed.stderr
     importlib.invalidate_caches()
@@ -105,14 +115,28 @@ class _Method(SGD):
         ({"name": ""}, "name must be a non-empty string without ':' or '/', got ''"),
         ({"name": "a:b"}, "name must be a non-empty string without ':' or '/', got 'a:b'"),
         ({"description": None}, "description must be a string, got None"),
-        ({"hyperparameters": [Hyperparameter("lr", float, 0.1, "")]}, "hyperparameters must be a tuple of Hyperparameter"),
-        ({"hyperparameters": (Hyperparameter("lr", float, None, ""),)}, "hyperparameter 'lr' has no valid default: None"),
-        ({"hyperparameters": (Hyperparameter("w", list, [0], ""),)}, "hyperparameter 'w' has no valid default: expected a list of positive integers, got [0]"),
-        ({"hyperparameters": (Hyperparameter("d", dict, {}, ""),)}, "hyperparameter 'd' has kind <class 'dict'>; allowed: bool, int, float, str, list"),
+        (
+            {"hyperparameters": [Hyperparameter("lr", float, 0.1, "")]},
+            "hyperparameters must be a tuple of Hyperparameter",
+        ),
+        (
+            {"hyperparameters": (Hyperparameter("lr", float, None, ""),)},
+            "hyperparameter 'lr' has no valid default: None",
+        ),
+        (
+            {"hyperparameters": (Hyperparameter("w", list, [0], ""),)},
+            "hyperparameter 'w' has no valid default: expected a list of positive integers, got [0]",
+        ),
+        (
+            {"hyperparameters": (Hyperparameter("d", dict, {}, ""),)},
+            "hyperparameter 'd' has kind <class 'dict'>; allowed: bool, int, float, str, list",
+        ),
         ({"hyperparameters": (Hyperparameter("lr", float, 0.1, ""),) * 2}, "hyperparameters must have distinct names"),
         ({"constraints": None}, "constraints must be a tuple of Constraint (() for none), got None"),
-        ({"constraints": (Constraint(("beta",), "beta < 1", lambda config, n: None),)},
-         "constraint 'beta < 1' names undeclared hyperparameters ['beta']"),
+        (
+            {"constraints": (Constraint(("beta",), "beta < 1", lambda config, n: None),)},
+            "constraint 'beta < 1' names undeclared hyperparameters ['beta']",
+        ),
         ({"sample_posterior": 3}, "sample_posterior must be callable, got 3"),
         ({"warm_up": "soon"}, "warm_up must be callable, got 'soon'"),
     ],
@@ -139,12 +163,32 @@ def test_a_method_without_constraints_breaks_the_protocol():
     "check, item, message",
     [
         (plugins.check_model, object(), "expected a ursa_ray.models.base.ModelSpec, got object"),
-        (plugins.check_model, ModelSpec("m", "", build=len, tasks=("vision",)), "tasks must be a non-empty tuple of classification, regression, got ('vision',)"),
+        (
+            plugins.check_model,
+            ModelSpec("m", "", build=len, tasks=("vision",)),
+            "tasks must be a non-empty tuple of classification, regression, got ('vision',)",
+        ),
         (plugins.check_model, ModelSpec("m", "", build=None), "build must be callable, got None"),
-        (plugins.check_dataset, ModelSpec("m", "", build=len), "expected a ursa_ray.data.base.DatasetSpec, got ModelSpec"),
-        (plugins.check_dataset, replace(data.get_dataset("digits"), task="ranking"), "task must be one of classification, regression, got 'ranking'"),
-        (plugins.check_dataset, replace(data.get_dataset("digits"), sweep="size"), "sweep must be None or the name of one of the options, got 'size'"),
-        (plugins.check_dataset, replace(data.get_dataset("digits"), ood_sets=["noise"]), "ood_sets must be a tuple of names, got ['noise']"),
+        (
+            plugins.check_dataset,
+            ModelSpec("m", "", build=len),
+            "expected a ursa_ray.data.base.DatasetSpec, got ModelSpec",
+        ),
+        (
+            plugins.check_dataset,
+            replace(data.get_dataset("digits"), task="ranking"),
+            "task must be one of classification, regression, got 'ranking'",
+        ),
+        (
+            plugins.check_dataset,
+            replace(data.get_dataset("digits"), sweep="size"),
+            "sweep must be None or the name of one of the options, got 'size'",
+        ),
+        (
+            plugins.check_dataset,
+            replace(data.get_dataset("digits"), ood_sets=["noise"]),
+            "ood_sets must be a tuple of names, got ['noise']",
+        ),
     ],
 )
 def test_a_model_or_dataset_breaking_the_protocol_is_named_with_the_breach(check, item, message):
@@ -167,7 +211,10 @@ def test_the_example_is_listed_with_its_origin(example_plugin, capsys):
     lines = listing("datasets", capsys)
     at = next(i for i, line in enumerate(lines) if line.startswith("two_moons (classification): "))
     assert lines[at].endswith("; OOD sets: far_ring")
-    assert lines[at + 1] == "    origin: entry point ursa_ray.datasets = ursa_ray_example_plugin.data:TWO_MOONS " + EXAMPLE_ORIGIN
+    assert (
+        lines[at + 1]
+        == "    origin: entry point ursa_ray.datasets = ursa_ray_example_plugin.data:TWO_MOONS " + EXAMPLE_ORIGIN
+    )
     assert not any("BROKEN" in line for line in lines + listing("models", capsys))
 
 
@@ -286,14 +333,19 @@ class _RaisingAttribute(SGD):
     "fake, why",
     [
         (FakeEntryPoint("x", item=_RaisingAttribute), "breaks the protocol: RuntimeError: not configured"),
-        (FakeEntryPoint("x", error=ModuleNotFoundError("No module named 'pkg'")), "cannot load: ModuleNotFoundError: No module named 'pkg'"),
+        (
+            FakeEntryPoint("x", error=ModuleNotFoundError("No module named 'pkg'")),
+            "cannot load: ModuleNotFoundError: No module named 'pkg'",
+        ),
         (FakeEntryPoint("x", error=RuntimeError("no GPU\nfound")), "cannot load: RuntimeError: no GPU found"),
         (FakeEntryPoint("x", item=_NoSampler), "missing sample_posterior"),
         (FakeEntryPoint("x", item=_NoDefault), "hyperparameter 'lr' has no valid default: None"),
         (FakeEntryPoint("x", item=_Method), "the entry point is named 'x' but the method's name is 'm'"),
     ],
 )
-def test_a_broken_entry_point_is_listed_and_rejected_in_one_line(fake, why, entry_points, tmp_path, capsys, monkeypatch):
+def test_a_broken_entry_point_is_listed_and_rejected_in_one_line(
+    fake, why, entry_points, tmp_path, capsys, monkeypatch
+):
     entry_points(fake)
     assert f"x: BROKEN ({ORIGIN}): {why}" in listing("methods", capsys)
     code, err = validate(write_grid(tmp_path, methods=["sgd", "x"]), capsys, monkeypatch)
@@ -334,8 +386,10 @@ def test_broken_model_and_dataset_entry_points(entry_points, tmp_path, capsys, m
     assert err.endswith("is broken: tasks must be a non-empty tuple of classification, regression, got ()\n")
     code, err = validate(write_grid(tmp_path, datasets=["moons"]), capsys, monkeypatch)
     assert (code, err.count("\n")) == (2, 1)
-    assert err.endswith("datasets[0].name: plug-in dataset 'moons' (entry point ursa_ray.datasets = pkg.mod:Obj "
-                        "from distribution pkg 1.0) is broken: cannot load: ImportError: sklearn too old\n")
+    assert err.endswith(
+        "datasets[0].name: plug-in dataset 'moons' (entry point ursa_ray.datasets = pkg.mod:Obj "
+        "from distribution pkg 1.0) is broken: cannot load: ImportError: sklearn too old\n"
+    )
     assert "moons: BROKEN (entry point ursa_ray.datasets" in "\n".join(listing("datasets", capsys))
 
 
@@ -348,11 +402,21 @@ def test_broken_model_and_dataset_entry_points(entry_points, tmp_path, capsys, m
     [
         ("methods", "tests.plugin_fixtures:MissingSamplePosterior", "missing sample_posterior"),
         ("methods", "tests.plugin_fixtures:NoValidDefault", "hyperparameter 'lr' has no valid default: None"),
-        ("methods", "tests.plugin_fixtures:DefaultOutOfRange",
-         "hyperparameter 'lr' has no valid default: expected a value >= 0.0, got -1.0"),
-        ("methods", "tests.no_such_module:Method", "cannot load: ModuleNotFoundError: No module named 'tests.no_such_module'"),
-        ("methods", "tests.plugin_fixtures:Absent",
-         "cannot load: AttributeError: module 'tests.plugin_fixtures' has no attribute 'Absent'"),
+        (
+            "methods",
+            "tests.plugin_fixtures:DefaultOutOfRange",
+            "hyperparameter 'lr' has no valid default: expected a value >= 0.0, got -1.0",
+        ),
+        (
+            "methods",
+            "tests.no_such_module:Method",
+            "cannot load: ModuleNotFoundError: No module named 'tests.no_such_module'",
+        ),
+        (
+            "methods",
+            "tests.plugin_fixtures:Absent",
+            "cannot load: AttributeError: module 'tests.plugin_fixtures' has no attribute 'Absent'",
+        ),
         ("methods", "tests.plugin_fixtures:", "not an import path; expected package.module:Attribute"),
         ("models", "tests.plugin_fixtures:NOT_A_MODEL", "expected a ursa_ray.models.base.ModelSpec, got object"),
         ("datasets", "tests.plugin_fixtures:TINY_MODEL", "expected a ursa_ray.data.base.DatasetSpec, got ModelSpec"),
@@ -363,7 +427,10 @@ def test_a_broken_import_path_is_rejected_in_one_line(field, name, why, tmp_path
     code, err = validate(write_grid(tmp_path, **{field: [name]}), capsys, monkeypatch)
     assert code == 2
     kind = field[:-1]
-    assert err == f"error: {tmp_path / 'grid.yaml'}: {field}[0].name: plug-in {kind} '{name}' (import path) is broken: {why}\n"
+    assert (
+        err
+        == f"error: {tmp_path / 'grid.yaml'}: {field}[0].name: plug-in {kind} '{name}' (import path) is broken: {why}\n"
+    )
 
 
 def test_import_paths_name_methods_and_models_in_a_grid(example_plugin, tmp_path, capsys, monkeypatch):
@@ -373,11 +440,13 @@ def test_import_paths_name_methods_and_models_in_a_grid(example_plugin, tmp_path
         "ursa_ray_example_plugin.method:TemperatureSGD",
         "tests.plugin_fixtures:TINY_MODEL",
     )
-    raw = yaml.safe_load(write_grid(
-        tmp_path,
-        methods=[renamed, {"name": by_path, "hyperparameters": {"holdout_fraction": 0.3}}],
-        models=[{"name": tiny, "options": {"width": 4}}],
-    ).read_text())
+    raw = yaml.safe_load(
+        write_grid(
+            tmp_path,
+            methods=[renamed, {"name": by_path, "hyperparameters": {"holdout_fraction": 0.3}}],
+            models=[{"name": tiny, "options": {"width": 4}}],
+        ).read_text()
+    )
     specs = parse_grid(raw, "g.yaml").trial_specs()
     assert [(s["method"], s["label"], s["model"], s["model_options"]) for s in specs] == [
         (renamed, renamed, tiny, {"width": 4}),

@@ -57,7 +57,10 @@ def test_the_status_line_is_rewritten_in_place_with_counts_and_time_left():
     clock.now += 0.3
     progress.trial_started(1, "final")
     clock.now -= 0.3
-    assert screen(terminal.getvalue()) == ["final phase: 10 trials", "final: 0/10 done, 0 failed, 4 running, 6 pending | 0s"]
+    assert screen(terminal.getvalue()) == [
+        "final phase: 10 trials",
+        "final: 0/10 done, 0 failed, 4 running, 6 pending | 0s",
+    ]
     clock.now += 29.75
     for _ in range(3):
         progress.trial_recorded("ok", "[n/10] ok ...")  # not printed in line mode
@@ -149,7 +152,11 @@ def test_log_mode_passes_every_line_through_unchanged():
     progress.trial_recorded("failed", "[2/2] FAILED final  sgd mlp digits seed=1: boom")
     progress.end()
     progress.close()
-    assert lines == ["final phase: 2 trials", "[1/2] ok     final  sgd mlp digits seed=0", "[2/2] FAILED final  sgd mlp digits seed=1: boom"]
+    assert lines == [
+        "final phase: 2 trials",
+        "[1/2] ok     final  sgd mlp digits seed=0",
+        "[2/2] FAILED final  sgd mlp digits seed=1: boom",
+    ]
 
 
 def test_a_pickled_progress_is_a_plain_log_mode_one():
@@ -201,8 +208,14 @@ def test_a_recorded_final_trial_leaves_no_metric_history_in_the_driver(tmp_path)
         metadata = _TrainingRunMetadata()
         for step in (1, 2):
             metadata.update_metric("cpu_s", 1.5 * step, step=step)
-        config = {"specs": pack([{**spec, "phase": phase}])} if phase == "final" else {"spec": pack({**spec, "phase": phase}), "hp": {"lr": 0.1}}
-        trial = SimpleNamespace(trial_id=f"{phase}_1", config=config, last_result={}, checkpoint=None, node_ip="", run_metadata=metadata)
+        config = (
+            {"specs": pack([{**spec, "phase": phase}])}
+            if phase == "final"
+            else {"spec": pack({**spec, "phase": phase}), "hp": {"lr": 0.1}}
+        )
+        trial = SimpleNamespace(
+            trial_id=f"{phase}_1", config=config, last_result={}, checkpoint=None, node_ip="", run_metadata=metadata
+        )
         callback._record(trial, error="RuntimeError: boom")
         kept[phase] = (metadata.metric_analysis, metadata.metric_n_steps)
     assert kept["final"] == ({}, {})

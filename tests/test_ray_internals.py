@@ -18,7 +18,11 @@ PRIVATE_FUNCTIONS = [  # (module, attribute path, parameters ursa-ray passes) --
     ("ray._private.services", "canonicalize_bootstrap_address", ["addr"]),  # tune.trials.unreachable
     ("ray._private.state", "GlobalState.get_cluster_config", ["self"]),  # tune.trials.launchable_node_resources
     ("ray.tune.search.optuna", "OptunaSearch._setup_study", ["self", "mode"]),  # tune.search.UrsaOptunaSearch
-    ("ray.tune.search.optuna", "OptunaSearch.add_evaluated_point", ["self", "parameters", "value", "pruned", "intermediate_values"]),
+    (
+        "ray.tune.search.optuna",
+        "OptunaSearch.add_evaluated_point",
+        ["self", "parameters", "value", "pruned", "intermediate_values"],
+    ),
     ("ray.tune.schedulers", "FIFOScheduler.choose_trial_to_run", ["self", "tune_controller"]),  # LiveFIFOScheduler
     ("ray.tune.schedulers", "FIFOScheduler.on_trial_add", ["self", "tune_controller", "trial"]),
     ("ray.tune.search.basic_variant", "BasicVariantGenerator.__init__", ["self", "random_state", "max_concurrent"]),
@@ -35,13 +39,26 @@ TUNE_SETTINGS = {  # environment variable -> the module that must read it (set i
     "TUNE_DISABLE_SIGINT_HANDLER": "ray.tune.tune",
 }
 TRIAL_ATTRIBUTES = [  # read by tune.trials.ResultsCallback from Tune's Trial
-    "config", "trial_id", "checkpoint", "last_result", "pickled_error_file", "run_metadata", "max_failures",
-    "node_ip", "get_error", "status", "local_path",
+    "config",
+    "trial_id",
+    "checkpoint",
+    "last_result",
+    "pickled_error_file",
+    "run_metadata",
+    "max_failures",
+    "node_ip",
+    "get_error",
+    "status",
+    "local_path",
 ]
 CALLBACK_HOOKS = {  # tune.trials.ResultsCallback: hook -> the parameters it takes before **info
-    "setup": [], "on_trial_start": ["iteration", "trials", "trial"], "on_step_end": ["iteration", "trials"],
-    "on_trial_complete": ["iteration", "trials", "trial"], "on_trial_error": ["iteration", "trials", "trial"],
-    "on_trial_recover": ["iteration", "trials", "trial"], "on_experiment_end": ["trials"],
+    "setup": [],
+    "on_trial_start": ["iteration", "trials", "trial"],
+    "on_step_end": ["iteration", "trials"],
+    "on_trial_complete": ["iteration", "trials", "trial"],
+    "on_trial_error": ["iteration", "trials", "trial"],
+    "on_trial_recover": ["iteration", "trials", "trial"],
+    "on_experiment_end": ["trials"],
 }
 
 
@@ -58,7 +75,9 @@ def test_ray_is_within_the_tested_bound():
 
     pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     ray = next(Requirement(r) for r in pyproject["project"]["dependencies"] if Requirement(r).name == "ray")
-    assert any(s.operator == "<" for s in ray.specifier), "pyproject.toml: ray needs an upper bound (the versions tested)"
+    assert any(s.operator == "<" for s in ray.specifier), (
+        "pyproject.toml: ray needs an upper bound (the versions tested)"
+    )
     assert ray.specifier.contains(version("ray")), (
         f"ray {version('ray')} is outside pyproject.toml's bound {ray.specifier}: run tests/test_ray_internals.py "
         "and the Ray tests against it, then move the bound"
@@ -90,14 +109,19 @@ def test_tune_trial_and_callback_still_have_what_the_results_callback_uses():
     from ray.tune.experiment import Trial
     from ray.tune.search import Searcher
 
-    missing = [name for name in TRIAL_ATTRIBUTES if not hasattr(Trial, name) and name not in inspect.signature(Trial.__init__).parameters
-               and f"self.{name} =" not in inspect.getsource(Trial)]
+    missing = [
+        name
+        for name in TRIAL_ATTRIBUTES
+        if not hasattr(Trial, name)
+        and name not in inspect.signature(Trial.__init__).parameters
+        and f"self.{name} =" not in inspect.getsource(Trial)
+    ]
     assert not missing, f"ray {version('ray')}: Tune's Trial lacks {missing}, which tune.trials.ResultsCallback reads"
     assert {"PENDING", "PAUSED", "TERMINATED", "ERROR"} <= set(vars(Trial)), "Tune's Trial status names changed"
     assert "num_failures" in inspect.getsource(importlib.import_module("ray.tune.experiment.trial"))
     for hook, parameters in CALLBACK_HOOKS.items():
         have = list(inspect.signature(getattr(Callback, hook)).parameters)
-        assert have[1:1 + len(parameters)] == parameters, f"ray {version('ray')}: Callback.{hook} now takes {have}"
+        assert have[1 : 1 + len(parameters)] == parameters, f"ray {version('ray')}: Callback.{hook} now takes {have}"
     assert Searcher.FINISHED == "FINISHED", "Tune's Searcher.FINISHED changed"
     from ray.tune.trainable.metadata import _TrainingRunMetadata
 

@@ -17,15 +17,27 @@ from ursa_ray.regression import anchor_for_dataset
 from ursa_ray.results import Location
 from ursa_ray.trial import TrialRun, compute_reference, stored_or_computed
 
-EXACT = {"chains": 4, "n_samples": 750, "burn_in": 200, "prior_std": 1e3, "n_leapfrog": 6, "step_size": 1e-3,
-         "step_jitter": 0.9}
+EXACT = {
+    "chains": 4,
+    "n_samples": 750,
+    "burn_in": 200,
+    "prior_std": 1e3,
+    "n_leapfrog": 6,
+    "step_size": 1e-3,
+    "step_jitter": 0.9,
+}
 
 
 def blr_spec() -> dict:
-    grid = parse_grid({
-        "name": "ref", "methods": ["sgd"], "models": ["true_features"],
-        "datasets": [{"name": "e2", "complexity": [1]}], "seeds": 1,
-    })
+    grid = parse_grid(
+        {
+            "name": "ref",
+            "methods": ["sgd"],
+            "models": ["true_features"],
+            "datasets": [{"name": "e2", "complexity": [1]}],
+            "seeds": 1,
+        }
+    )
     return grid.spec_for(grid.cells()[0], 0, "final", {})
 
 
@@ -74,13 +86,25 @@ def test_a_method_equal_to_the_exact_posterior_scores_zero_and_a_shifted_one_its
 
 
 def test_a_reference_whose_chains_have_not_moved_is_not_converged():
-    stuck = {"chains": 4, "n_samples": 20, "burn_in": 0, "prior_std": 1e3, "step_size": 1e-9,
-             "adapt_step_size": False, "step_jitter": 0.0, "n_leapfrog": 1}
+    stuck = {
+        "chains": 4,
+        "n_samples": 20,
+        "burn_in": 0,
+        "prior_std": 1e3,
+        "step_size": 1e-9,
+        "adapt_step_size": False,
+        "step_jitter": 0.0,
+        "n_leapfrog": 1,
+    }
     reference = compute_reference(blr_spec(), stuck)
     assert not reference.convergence.converged
     assert reference.convergence.rhat_max > 1.1
-    assert reference.metrics("test", type("M", (), {"mean": reference.pooled["test"][:, 0],
-                                                    "std": reference.pooled["test"][:, 1]}))["converged"] == 0.0
+    assert (
+        reference.metrics(
+            "test", type("M", (), {"mean": reference.pooled["test"][:, 0], "std": reference.pooled["test"][:, 1]})
+        )["converged"]
+        == 0.0
+    )
 
 
 def test_the_store_reuses_a_reference_and_a_changed_prior_recomputes_it(tmp_path):

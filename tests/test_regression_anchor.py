@@ -20,7 +20,9 @@ def test_matches_textbook_formula() -> None:
     np.testing.assert_allclose(mean, phi_star @ gamma_hat, rtol=1e-10)
     np.testing.assert_allclose(std, sigma * np.sqrt(np.einsum("ij,jk,ik->i", phi_star, v, phi_star)), rtol=1e-10)
     # torch inputs give the same answer
-    mean_t, std_t = anchor_predictive(torch.from_numpy(phi).float(), torch.from_numpy(y), torch.from_numpy(phi_star), sigma)
+    mean_t, std_t = anchor_predictive(
+        torch.from_numpy(phi).float(), torch.from_numpy(y), torch.from_numpy(phi_star), sigma
+    )
     np.testing.assert_allclose(mean_t, mean, rtol=1e-5, atol=1e-6)
 
 
@@ -37,7 +39,9 @@ def test_invariant_to_feature_scaling_and_rejects_rank_deficiency() -> None:
     np.testing.assert_allclose(scaled[0], base[0], rtol=1e-8)
     np.testing.assert_allclose(scaled[1], base[1], rtol=1e-8)
     with pytest.raises(ValueError, match="rank deficient"):
-        anchor_predictive(np.column_stack([phi, phi[:, 1] + phi[:, 2]]), y, np.column_stack([phi_star, phi_star[:, 1]]), 0.1)
+        anchor_predictive(
+            np.column_stack([phi, phi[:, 1] + phi[:, 2]]), y, np.column_stack([phi_star, phi_star[:, 1]]), 0.1
+        )
 
 
 @pytest.mark.parametrize("complexity", [1.0, 3.0, 5.0])
@@ -73,4 +77,8 @@ def test_blr_is_unbiased_with_the_predicted_spread() -> None:
     z = (means.mean(axis=0) - truth) / (std / np.sqrt(k))
     assert np.all(abs(z) < 4.5)
     ratio = means.std(axis=0, ddof=1) / std  # empirical spread of the estimate / the anchor's std
-    assert abs(np.median(ratio) - 1) < 0.1 and np.all(abs(ratio - 1) < 0.25), (np.median(ratio), ratio.min(), ratio.max())
+    assert abs(np.median(ratio) - 1) < 0.1 and np.all(abs(ratio - 1) < 0.25), (
+        np.median(ratio),
+        ratio.min(),
+        ratio.max(),
+    )

@@ -19,18 +19,33 @@ def hand_table() -> pd.DataFrame:
     truth = {0: 1.0, 1: -2.0}
     # method "m": (mean, std) per repetition and point
     m = {
-        0: [(1.1, 0.1), (0.7, 0.1), (1.0, 0.2), (1.5, 0.2)],   # deviations .1 .3 0 .5; covered 1 0 1 0
+        0: [(1.1, 0.1), (0.7, 0.1), (1.0, 0.2), (1.5, 0.2)],  # deviations .1 .3 0 .5; covered 1 0 1 0
         1: [(-2.0, 0.5), (-1.0, 0.4), (-3.0, 0.6), (-2.2, 0.1)],  # deviations 0 1 1 .2; covered 1 0 1 0
     }
     blr = {0: 0.15, 1: 0.3}
     for rep in range(4):
         for pid in (0, 1):
             mean, std = m[pid][rep]
-            common = dict(experiment="e1", complexity=2, repetition=rep, point_id=pid, x=[float(pid)],
-                          in_distribution=pid == 0, truth=truth[pid])
+            common = dict(
+                experiment="e1",
+                complexity=2,
+                repetition=rep,
+                point_id=pid,
+                x=[float(pid)],
+                in_distribution=pid == 0,
+                truth=truth[pid],
+            )
             rows.append(dict(trial_id=f"m{rep}", method="m", model="mlp", mean=mean, std=std, **common))
-            rows.append(dict(trial_id=f"b{rep}", method="blr", model="true_features",
-                             mean=truth[pid] + 0.01 * (rep - 1.5), std=blr[pid], **common))
+            rows.append(
+                dict(
+                    trial_id=f"b{rep}",
+                    method="blr",
+                    model="true_features",
+                    mean=truth[pid] + 0.01 * (rep - 1.5),
+                    std=blr[pid],
+                    **common,
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -92,8 +107,9 @@ def test_a_label_run_on_two_models_keeps_the_rows_of_both() -> None:
     """The label "m" on the models "mlp" and "wide" (shifted by +1): neither model's rows are dropped as
     duplicates, each keeps its k = 4 repetitions and its own statistics, and both share the anchor."""
     points = hand_table()
-    wide = points[points["method"] == "m"].assign(model="wide", trial_id=lambda f: "w" + f["trial_id"],
-                                                  mean=lambda f: f["mean"] + 1.0)
+    wide = points[points["method"] == "m"].assign(
+        model="wide", trial_id=lambda f: "w" + f["trial_id"], mean=lambda f: f["mean"] + 1.0
+    )
     points = pd.concat([points, wide], ignore_index=True)
     table = coverage_table(points).set_index(["method", "model", "point_id"])
     assert table.loc[("m", "mlp", 0), "k"] == table.loc[("m", "wide", 0), "k"] == 4
@@ -119,8 +135,18 @@ def synthetic_points() -> pd.DataFrame:
                 ds = make_dataset(experiment, c, rep)
                 blr = anchor_points(ds, complexity=c, repetition=rep, trial_id=f"{experiment}-{c}-{rep}-blr")
                 frames.append(blr)
-                frames.append(points_frame(ds, blr["mean"] + 0.05, blr["std"] * 0.5, method="fake", model="mlp",
-                                           complexity=c, repetition=rep, trial_id=f"{experiment}-{c}-{rep}-fake"))
+                frames.append(
+                    points_frame(
+                        ds,
+                        blr["mean"] + 0.05,
+                        blr["std"] * 0.5,
+                        method="fake",
+                        model="mlp",
+                        complexity=c,
+                        repetition=rep,
+                        trial_id=f"{experiment}-{c}-{rep}-fake",
+                    )
+                )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -136,8 +162,13 @@ def test_named_points_markdown_and_figures(tmp_path) -> None:
     assert "### e1: named test points" in text and "### e3: averages" in text and "| x=-5.11 (OOD) |" in text
     paths = write_regression_figures(points, tmp_path / "figures")
     names = {p.name for p in paths}
-    assert {"e1_bands_c1.png", "e1_bands_c3.png", "e1_named_points.png", "e1_regions.png",
-            "e3_heatmaps_c1.png"} <= names
+    assert {
+        "e1_bands_c1.png",
+        "e1_bands_c3.png",
+        "e1_named_points.png",
+        "e1_regions.png",
+        "e3_heatmaps_c1.png",
+    } <= names
     for p in paths:
         assert p.exists() and p.stat().st_size > 5000
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -23,13 +23,16 @@ def load(name: str, complexity: float, seed: int, **options):
     return get_dataset(name).load({"complexity": complexity, **options}, (), None, False, seed)
 
 
-@pytest.mark.parametrize("name,complexity,d,p,n_train,n_test", [
-    ("e1", 1.0, 1, 6, 200, 123),
-    ("e1", 6.0, 1, 6, 200, 123),
-    ("e2", 1, 1, 4, 200, 101),
-    ("e2", 5, 5, 20, 1000, 101),
-    ("e3", 2.0, 2, 9, 400, 841),
-])
+@pytest.mark.parametrize(
+    "name,complexity,d,p,n_train,n_test",
+    [
+        ("e1", 1.0, 1, 6, 200, 123),
+        ("e1", 6.0, 1, 6, 200, 123),
+        ("e2", 1, 1, 4, 200, 101),
+        ("e2", 5, 5, 20, 1000, 101),
+        ("e3", 2.0, 2, 9, 400, 841),
+    ],
+)
 def test_shapes_and_interface(name, complexity, d, p, n_train, n_test) -> None:
     spec = get_dataset(name)
     assert spec.task == "regression" and spec.sweep == "complexity"
@@ -127,7 +130,7 @@ def test_e2_levels_hold_each_coordinates_draws_fixed() -> None:
 
     def blocks(gamma: np.ndarray, d: int) -> list[np.ndarray]:
         z = gamma[1:] * np.sqrt(d)
-        return [z[:d], z[d:2 * d], z[2 * d:3 * d], z[3 * d:]]  # x_j, sin x_j, cos x_j, sin(x_j + x_j+1)
+        return [z[:d], z[d : 2 * d], z[2 * d : 3 * d], z[3 * d :]]  # x_j, sin x_j, cos x_j, sin(x_j + x_j+1)
 
     for part_small, part_large in zip(blocks(small, d_small), blocks(large, d_large)):
         np.testing.assert_allclose(part_small, part_large[: len(part_small)], rtol=1e-12)

@@ -24,13 +24,24 @@ def test_hmc_on_true_features_matches_the_anchor() -> None:
     torch.manual_seed(0)
     spec = get_model("true_features")
     problem = Problem(
-        x=ds.train_x, y=ds.train_y, likelihood=Gaussian(ds.noise_std),
+        x=ds.train_x,
+        y=ds.train_y,
+        likelihood=Gaussian(ds.noise_std),
         make_model=lambda: spec.build(ds.input_shape, 1, feature_map=ds.feature_map),
-        generator=torch.Generator().manual_seed(0), device=torch.device("cpu"),
+        generator=torch.Generator().manual_seed(0),
+        device=torch.device("cpu"),
     )
-    config = resolve_config(method, {
-        "prior_std": 1e3, "n_samples": 3000, "burn_in": 200, "n_leapfrog": 6, "step_size": 1e-3, "step_jitter": 0.9,
-    })
+    config = resolve_config(
+        method,
+        {
+            "prior_std": 1e3,
+            "n_samples": 3000,
+            "burn_in": 200,
+            "n_leapfrog": 6,
+            "step_size": 1e-3,
+            "step_jitter": 0.9,
+        },
+    )
     stats: dict[str, float] = {}
     samples = []
     for predictor in method.sample_posterior(problem, config, stats):

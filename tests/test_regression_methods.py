@@ -22,9 +22,12 @@ def small_problem(seed: int = 0) -> tuple[Problem, object]:
     torch.manual_seed(seed)
     build = get_model("mlp").build
     problem = Problem(
-        x=ds.train_x, y=ds.train_y, likelihood=Gaussian(ds.noise_std),
+        x=ds.train_x,
+        y=ds.train_y,
+        likelihood=Gaussian(ds.noise_std),
         make_model=lambda: build(ds.input_shape, 1, widths=[16, 16]),
-        generator=torch.Generator().manual_seed(seed), device=torch.device("cpu"),
+        generator=torch.Generator().manual_seed(seed),
+        device=torch.device("cpu"),
     )
     return problem, ds
 

@@ -196,7 +196,10 @@ def test_run_out_on_a_file_or_an_unwritable_place_is_one_line(tmp_path, capsys, 
     out = {"file": file, "under a file": file / "results", "proc": "/proc/ursa-ray-results"}[which]
     assert main(["run", str(grid), "--out", str(out)]) == 2
     assert str(out) in _one_error_line(capsys)
-    assert file.read_text() == "not a directory" and sorted(p.name for p in tmp_path.iterdir()) == ["a.yaml", "results.txt"]
+    assert file.read_text() == "not a directory" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "a.yaml",
+        "results.txt",
+    ]
 
 
 def test_a_lease_on_a_store_without_conditional_writes_is_best_effort_and_says_so(tmp_path, monkeypatch):

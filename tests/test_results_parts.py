@@ -58,7 +58,9 @@ def _views(path: Path) -> dict[str, dict[str, pd.DataFrame]]:
             "polars": polars.read_parquet(folder).to_pandas(),
         }
         views[name] = {
-            reader: frame.sort_values(SORT[name]).reset_index(drop=True)[["trial_id"] + sorted(set(frame.columns) - {"trial_id"})]
+            reader: frame.sort_values(SORT[name]).reset_index(drop=True)[
+                ["trial_id"] + sorted(set(frame.columns) - {"trial_id"})
+            ]
             for reader, frame in frames.items()
         }
     return views
@@ -76,7 +78,9 @@ def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
             return None
         return v
 
-    assert [[norm(v) for v in row] for row in a.itertuples(index=False)] == [[norm(v) for v in row] for row in b.itertuples(index=False)]
+    assert [[norm(v) for v in row] for row in a.itertuples(index=False)] == [
+        [norm(v) for v in row] for row in b.itertuples(index=False)
+    ]
 
 
 def _check_readers_agree(path: Path, expected: dict[str, pd.DataFrame] | None = None) -> dict[str, pd.DataFrame]:
@@ -95,9 +99,14 @@ def test_each_trial_adds_its_own_parts_and_every_reader_sees_one_table(tmp_path)
     _fill(tmp_path)
     trial_parts = sorted(p.name for p in (tmp_path / "trials.parquet").iterdir())
     assert trial_parts == [f"t{i:03d}.parquet" for i in range(12)]
-    assert sorted(p.name for p in (tmp_path / "points.parquet").iterdir())[:2] == ["blr-c1-s0.parquet", "blr-c1-s1.parquet"]
+    assert sorted(p.name for p in (tmp_path / "points.parquet").iterdir())[:2] == [
+        "blr-c1-s0.parquet",
+        "blr-c1-s1.parquet",
+    ]
     tables = _check_readers_agree(tmp_path)
-    assert len(tables["trials"]) == 12 and list(tables["trials"].columns) == ["trial_id"] + sorted(set(TRIAL_COLUMNS) - {"trial_id"})
+    assert len(tables["trials"]) == 12 and list(tables["trials"].columns) == ["trial_id"] + sorted(
+        set(TRIAL_COLUMNS) - {"trial_id"}
+    )
     assert len(tables["metrics"]) == 10 * 3 and set(tables["metrics"].columns) == set(METRIC_COLUMNS)
     assert len(tables["points"]) == 12 * 3 + 2 * 3  # the anchor's rows once per repetition
     (tmp_path / ".tables" / ".t999.parquet.abc.tmp").write_bytes(b"half a file")  # a write cut short
@@ -109,11 +118,19 @@ def test_compact_merges_parts_and_no_reader_sees_a_difference(tmp_path):
     before = _check_readers_agree(tmp_path)
     report = results.compact()
     assert report == {"trials": (12, 3), "metrics": (10, 1), "points": (14, 3)}  # failed t003, t007 stay parts
-    assert sorted(p.name for p in (tmp_path / "trials.parquet").iterdir()) == [f"{COMPACTED}00000.parquet", "t003.parquet", "t007.parquet"]
+    assert sorted(p.name for p in (tmp_path / "trials.parquet").iterdir()) == [
+        f"{COMPACTED}00000.parquet",
+        "t003.parquet",
+        "t007.parquet",
+    ]
     _check_readers_agree(tmp_path, before)
     again = ResultsDirectory(tmp_path)
     assert again.compact() == {"trials": (3, 3), "metrics": (1, 1), "points": (3, 3)}  # nothing new
-    assert sorted(p.name for p in (tmp_path / ".tables").iterdir()) == ["metrics.1", "points.1", "trials.1"]  # old folders gone
+    assert sorted(p.name for p in (tmp_path / ".tables").iterdir()) == [
+        "metrics.1",
+        "points.1",
+        "trials.1",
+    ]  # old folders gone
     first = (tmp_path / "trials.parquet" / f"{COMPACTED}00000.parquet").stat()
     for i in range(12, 15):  # a later run adds trials: its compact merges only those, the first merged part stays
         again.add(*_trial(i))
@@ -228,7 +245,9 @@ def _truncate(part: Path) -> None:
 def _error_line(capsys) -> str:
     printed = capsys.readouterr()
     lines = printed.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in printed.out + printed.err, printed.err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in printed.out + printed.err, (
+        printed.err
+    )
     return lines[0]
 
 
@@ -253,9 +272,15 @@ def test_a_truncated_part_is_named_in_one_line_and_run_reruns_its_trial(tmp_path
     assert sorted(p.name for p in (out / "metrics.parquet").iterdir()) == before
 
     seen = []
-    monkeypatch.setattr(ursa_ray.tune.runner, "run_grid", lambda grid, where, **kw: seen.append(ResultsDirectory(where).finished_ids()) or RunSummary())
+    monkeypatch.setattr(
+        ursa_ray.tune.runner,
+        "run_grid",
+        lambda grid, where, **kw: seen.append(ResultsDirectory(where).finished_ids()) or RunSummary(),
+    )
     grid = tmp_path / "g.yaml"
-    grid.write_text(yaml.safe_dump({"name": "g", "methods": ["sgd"], "models": ["mlp"], "datasets": ["digits"], "seeds": 1}))
+    grid.write_text(
+        yaml.safe_dump({"name": "g", "methods": ["sgd"], "models": ["mlp"], "datasets": ["digits"], "seeds": 1})
+    )
     assert main(["run", str(grid), "--out", str(out)]) == 0
     printed = capsys.readouterr()
     assert "metrics.parquet/t004.parquet: damaged" in printed.out and "it is rerun" in printed.out
@@ -278,7 +303,9 @@ def test_a_damaged_compacted_part_stops_run_before_ray_in_one_line(tmp_path, cap
     _truncate(part)
     monkeypatch.setattr(ursa_ray.tune.runner, "run_grid", lambda *a, **kw: pytest.fail("Ray must not start"))
     grid = tmp_path / "g.yaml"
-    grid.write_text(yaml.safe_dump({"name": "g", "methods": ["sgd"], "models": ["mlp"], "datasets": ["digits"], "seeds": 1}))
+    grid.write_text(
+        yaml.safe_dump({"name": "g", "methods": ["sgd"], "models": ["mlp"], "datasets": ["digits"], "seeds": 1})
+    )
     assert main(["run", str(grid), "--out", str(out)]) == 2
     line = _error_line(capsys)
     assert f"trials.parquet/{part.name}: damaged Parquet part file" in line and "restore it from a copy" in line

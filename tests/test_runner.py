@@ -52,12 +52,20 @@ def test_transfer_sources_run_first_and_their_trials_wait_for_their_examples(tmp
     the decision-task cells have no transfer attack and never wait."""
     from ursa_ray.results import ResultsDirectory
 
-    raw = {"name": "t", "methods": ["mc_dropout", "sgd"], "models": ["mlp"], "datasets": ["digits", "digits_imbalanced"],
-           "seeds": 2, "vectorize_seeds": 1}
+    raw = {
+        "name": "t",
+        "methods": ["mc_dropout", "sgd"],
+        "models": ["mlp"],
+        "datasets": ["digits", "digits_imbalanced"],
+        "seeds": 2,
+        "vectorize_seeds": 1,
+    }
     grid = parse_grid(raw, "t.yaml")
     specs = grid.trial_specs()
     sources = {s["seed"]: s for s in specs if s.get("transfer_source")}
-    assert sorted(sources) == [0, 1] and all(s["method"] == "sgd" and s["dataset"] == "digits" for s in sources.values())
+    assert sorted(sources) == [0, 1] and all(
+        s["method"] == "sgd" and s["dataset"] == "digits" for s in sources.values()
+    )
     waiting = [s for s in specs if "transfer_from" in s]
     assert {(s["method"], s["dataset"]) for s in waiting} == {("mc_dropout", "digits")}
     assert all(s["transfer_from"] == sources[s["seed"]]["trial_id"] for s in waiting)
@@ -71,7 +79,9 @@ def test_transfer_sources_run_first_and_their_trials_wait_for_their_examples(tmp
     results.transfer_examples(sources[0]["trial_id"]).write_bytes(b"examples")
     queue.on_trial_complete("t0")  # seed 0's source finished and saved its examples
     released = _specs(queue.suggest("t6"))[0]
-    assert released["seed"] == 0 and released["transfer_examples"] == str(tmp_path / "transfer" / f"{sources[0]['trial_id']}.pt")
+    assert released["seed"] == 0 and released["transfer_examples"] == str(
+        tmp_path / "transfer" / f"{sources[0]['trial_id']}.pt"
+    )
     assert queue.suggest("t7") is None
     queue.on_trial_complete("t1")  # seed 1's source failed: nothing saved, its trial runs without transfer sets
     last = _specs(queue.suggest("t7"))[0]
@@ -93,8 +103,19 @@ def test_transfer_sources_run_first_and_their_trials_wait_for_their_examples(tmp
 
 def _point_rows(trial_id: str, method: str, n: int, shift: float = 0.0) -> list[dict]:
     return [
-        {"trial_id": trial_id, "method": method, "experiment": "e1", "complexity": 1.0, "repetition": 0,
-         "point_id": i, "x": [float(i)], "in_distribution": True, "truth": 0.0, "mean": i + shift, "std": 1.0}
+        {
+            "trial_id": trial_id,
+            "method": method,
+            "experiment": "e1",
+            "complexity": 1.0,
+            "repetition": 0,
+            "point_id": i,
+            "x": [float(i)],
+            "in_distribution": True,
+            "truth": 0.0,
+            "mean": i + shift,
+            "std": 1.0,
+        }
         for i in range(n)
     ]
 
@@ -109,7 +130,9 @@ def test_points_are_written_per_trial_and_read_back_as_one_table(tmp_path):
     results.add({"trial_id": "b", "status": "ok"}, points=_point_rows("b", "cd", 3) + anchor)
     results.add({"trial_id": "a", "status": "ok"}, points=_point_rows("a", "bd", 3, shift=10.0) + anchor)  # rerun
     assert sorted(p.name for p in (tmp_path / "points.parquet").iterdir()) == [
-        "a.parquet", "b.parquet", "blr-e1-c1-s0.parquet"
+        "a.parquet",
+        "b.parquet",
+        "blr-e1-c1-s0.parquet",
     ]
     points = load_results(tmp_path).points
     assert sorted(points.groupby("trial_id").size().items()) == [("a", 3), ("b", 3), ("blr-e1-c1-s0", 3)]

@@ -26,9 +26,9 @@ from analysis.cost import cost_table
 from ursa_ray.cli import main
 from ursa_ray.grid import parse_grid
 from ursa_ray.results import ResultsDirectory
-from ursa_ray.tune.trials import Interrupt, ResultsCallback, RunStopper, RunSummary
 from ursa_ray.tune.search import ComputeBudget, _search_algorithm, search_plan
 from ursa_ray.tune.trainable import pack
+from ursa_ray.tune.trials import Interrupt, ResultsCallback, RunStopper, RunSummary
 
 MLP = [{"name": "mlp", "options": {"widths": [32]}}]
 DIGITS = [{"name": "digits", "ood": ["noise"]}]
@@ -50,10 +50,17 @@ DIVERGING = {
     "name": "diverging",
     "methods": [
         # momentum 0.99: lr >= ~3e3 makes the loss NaN (FloatingPointError); seed 0 draws 2.3e4, 5.0, 0.026, 0.015
-        {"name": "sgd", "hyperparameters": {"momentum": 0.99},
-         "search": {"lr": {"type": "loguniform", "low": 0.01, "high": 1.0e8}}},
-        {"name": "sgd", "label": "sgd_diverging", "hyperparameters": {"momentum": 0.99},
-         "search": {"lr": {"type": "loguniform", "low": 1.0e4, "high": 1.0e6}}},
+        {
+            "name": "sgd",
+            "hyperparameters": {"momentum": 0.99},
+            "search": {"lr": {"type": "loguniform", "low": 0.01, "high": 1.0e8}},
+        },
+        {
+            "name": "sgd",
+            "label": "sgd_diverging",
+            "hyperparameters": {"momentum": 0.99},
+            "search": {"lr": {"type": "loguniform", "low": 1.0e4, "high": 1.0e6}},
+        },
     ],
     "models": MLP,
     "datasets": DIGITS,
@@ -113,7 +120,9 @@ def test_diverging_search_trials_fail_and_the_run_goes_on(ray_session, tmp_path,
         ([("search-c-1", "FloatingPointError: nan")], [("sgd_diverging/mlp/digits", "every one failed")], 1),
     ],
 )
-def test_run_exit_status_counts_final_trials_not_search_trials(tmp_path, monkeypatch, capsys, failed, failed_cells, code):
+def test_run_exit_status_counts_final_trials_not_search_trials(
+    tmp_path, monkeypatch, capsys, failed, failed_cells, code
+):
     """Diverging search configurations are an expected outcome: exit 0 when every final trial ran and succeeded
     (saying how many search trials failed); 1 when a final trial failed or a cell's final phase could not run.
     Catches the old rule (exit 1 on any failed trial, search trials included)."""
@@ -135,8 +144,14 @@ def test_run_exit_status_counts_final_trials_not_search_trials(tmp_path, monkeyp
 BUDGETED = {
     "name": "budgeted",
     "methods": [
-        {"name": "mc_dropout", "hyperparameters": {"n_samples": 4},  # a report per sample: ASHA's rungs
-         "search": {"lr": {"type": "loguniform", "low": 0.01, "high": 0.5}, "p": {"type": "uniform", "low": 0.05, "high": 0.5}}},
+        {
+            "name": "mc_dropout",
+            "hyperparameters": {"n_samples": 4},  # a report per sample: ASHA's rungs
+            "search": {
+                "lr": {"type": "loguniform", "low": 0.01, "high": 0.5},
+                "p": {"type": "uniform", "low": 0.05, "high": 0.5},
+            },
+        },
     ],
     "models": MLP,
     "datasets": DIGITS,
@@ -196,8 +211,17 @@ def test_ctrl_c_in_the_search_phase_stops_the_run_and_a_rerun_resumes_the_search
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
     address = ray_session.get_runtime_context().gcs_address  # the session's Ray: no start-up per run
-    command = [sys.executable, "-m", "ursa_ray.cli", "run", _write(tmp_path, INTERRUPTED), "--out", str(out),
-               "--address", address]
+    command = [
+        sys.executable,
+        "-m",
+        "ursa_ray.cli",
+        "run",
+        _write(tmp_path, INTERRUPTED),
+        "--out",
+        str(out),
+        "--address",
+        address,
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     try:
@@ -238,11 +262,16 @@ def test_tpe_is_told_failed_trials_as_pruned_and_learns_earlier_runs():
 
     history = [({"hp/lr": 0.1}, 0.4, "complete"), ({"hp/lr": 0.3}, None, "pruned"), ({"hp/lr": 0.01}, 0.9, "pruned")]
     searcher = _search_algorithm(SimpleNamespace(algorithm="tpe"), seed=0, history=history)
-    assert searcher.set_search_properties("val_nll", "min", {"spec": {"x": 1}, "hp": {"lr": tune.loguniform(1e-3, 1.0)}})
+    assert searcher.set_search_properties(
+        "val_nll", "min", {"spec": {"x": 1}, "hp": {"lr": tune.loguniform(1e-3, 1.0)}}
+    )
     study = searcher._ot_study
     states = [(t.params["hp/lr"], t.state) for t in study.trials]
-    assert states == [(0.1, optuna.trial.TrialState.COMPLETE), (0.3, optuna.trial.TrialState.PRUNED),
-                      (0.01, optuna.trial.TrialState.PRUNED)]
+    assert states == [
+        (0.1, optuna.trial.TrialState.COMPLETE),
+        (0.3, optuna.trial.TrialState.PRUNED),
+        (0.01, optuna.trial.TrialState.PRUNED),
+    ]
     assert study.trials[0].value == 0.4 and study.trials[2].intermediate_values == {0: 0.9}
     for trial_id in ("failed", "finished", "infinite"):
         assert 1e-3 <= searcher.suggest(trial_id)["hp"]["lr"] <= 1.0
@@ -263,9 +292,7 @@ def test_tpe_is_told_failed_trials_as_pruned_and_learns_earlier_runs():
 
 
 def _rows(*statuses_and_seconds):
-    return pd.DataFrame(
-        [{"status": s, "reserved_cpu_s": c, "reserved_gpu_s": 0.0} for s, c in statuses_and_seconds]
-    )
+    return pd.DataFrame([{"status": s, "reserved_cpu_s": c, "reserved_gpu_s": 0.0} for s, c in statuses_and_seconds])
 
 
 def test_search_plan_counts_finished_trials_as_done_and_every_trial_as_spent():
@@ -380,9 +407,19 @@ def test_a_cell_whose_final_phase_started_keeps_its_configuration(tmp_path, monk
     search = grid.spec_for(cell, 0, "search", {"lr": 2.0e4})
     final = grid.spec_for(cell, 0, "final", {"lr": 0.3})
     for spec, status in ((search, "failed"), (final, "ok")):
-        results.add({"trial_id": spec["trial_id"], "phase": spec["phase"], "cell": spec["cell"], "status": status,
-                     "config": json.dumps(spec["config"]), "reserved_cpu_s": 1.0, "reserved_gpu_s": 0.0,
-                     "selection": "{}", "finished_at": 1.0})
+        results.add(
+            {
+                "trial_id": spec["trial_id"],
+                "phase": spec["phase"],
+                "cell": spec["cell"],
+                "status": status,
+                "config": json.dumps(spec["config"]),
+                "reserved_cpu_s": 1.0,
+                "reserved_gpu_s": 0.0,
+                "selection": "{}",
+                "finished_at": 1.0,
+            }
+        )
 
     def no_search(*args, **kwargs):
         raise AssertionError("the search was reopened")

@@ -30,8 +30,12 @@ def _tiny_sequences(options: Mapping[str, Any], ood: tuple[str, ...], root: Path
 
 
 TINY_SEQUENCES = DatasetSpec(
-    name="tiny_seq", task="classification", description="digits_seq, 96 / 40", load=_tiny_sequences,
-    ood_sets=("tiny_seq_reversed", "tiny_seq_doubled"), images=False,
+    name="tiny_seq",
+    task="classification",
+    description="digits_seq, 96 / 40",
+    load=_tiny_sequences,
+    ood_sets=("tiny_seq_reversed", "tiny_seq_doubled"),
+    images=False,
 )
 TINY_GRAPH = {"n_nodes": 160, "n_classes": 3, "n_features": 8, "p_in": 0.1, "p_out": 0.01}
 
@@ -50,7 +54,11 @@ TINY = {  # per method: the few settings that make one trial take about a second
 }
 CASES = {
     "lstm": ("tests.test_sequence_graph_grids:TINY_SEQUENCES", ["tiny_seq_reversed", "tiny_seq_doubled"], {}),
-    "gru": ("tests.test_sequence_graph_grids:TINY_SEQUENCES", ["tiny_seq_reversed"], {"bidirectional": True, "pooling": "mean"}),
+    "gru": (
+        "tests.test_sequence_graph_grids:TINY_SEQUENCES",
+        ["tiny_seq_reversed"],
+        {"bidirectional": True, "pooling": "mean"},
+    ),
     "gcn": ("csbm", ["left_out_classes", "perturbed_features"], {"dropout": 0.1}),
 }
 
@@ -60,12 +68,18 @@ def tiny_grid(method: str, model: str) -> Any:
     declared = {h.name for h in methods.get_method(method).hyperparameters}
     settings = {k: v for k, v in TINY.get(method, {}).items() if k in declared}
     entry = {"name": dataset, "ood": ood} | ({"options": TINY_GRAPH} if dataset == "csbm" else {})
-    return parse_grid({
-        "name": "tiny", "methods": [{"name": method, "hyperparameters": settings}],
-        "models": [{"name": model, "options": ({"hidden": 6} if model != "gcn" else {"hidden": 8}) | options}],
-        "datasets": [entry], "seeds": 2, "budget": {"epochs": 2, "batch_size": 32, "n_samples": 2},
-        "bit_depths": ["int8"],
-    }, "tiny.yaml")
+    return parse_grid(
+        {
+            "name": "tiny",
+            "methods": [{"name": method, "hyperparameters": settings}],
+            "models": [{"name": model, "options": ({"hidden": 6} if model != "gcn" else {"hidden": 8}) | options}],
+            "datasets": [entry],
+            "seeds": 2,
+            "budget": {"epochs": 2, "batch_size": 32, "n_samples": 2},
+            "bit_depths": ["int8"],
+        },
+        "tiny.yaml",
+    )
 
 
 @pytest.mark.parametrize("model", list(CASES))

@@ -16,8 +16,8 @@ from functools import cache
 
 import pytest
 import torch
-
 from exact_blr import batch_means_mcse, make_blr_problem, potential
+
 from ursa_ray.methods import _sgmcmc_kernels, get_method, sgmcmc
 from ursa_ray.methods._sgmcmc_kernels import GaussianNoise, cyclical_lr, momentum_step_
 from ursa_ray.methods.base import flat_parameters, resolve_config
@@ -176,8 +176,15 @@ def first_steps(
         problem = dataclasses.replace(problem, make_model=make_model)
         extra = {"alpha": alpha, "schedule": "constant"} if name == "sghmc" else {}
         samples, stats = draw(
-            name, problem, lr=lr_for(eta_lambda, cov), temperature=temperature, batch_size=N_TRAIN, epochs=1,
-            burn_in_epochs=0, n_samples=1, **extra,
+            name,
+            problem,
+            lr=lr_for(eta_lambda, cov),
+            temperature=temperature,
+            batch_size=N_TRAIN,
+            epochs=1,
+            burn_in_epochs=0,
+            n_samples=1,
+            **extra,
         )
         assert stats["grad_evals"] == 1 and len(made) == 1
         starts.append(made[0])
@@ -289,7 +296,14 @@ def test_cyclical_step_size_and_stages():
     method = get_method("csghmc")
     config = resolve_config(
         method,
-        {"lr": 0.4, "batch_size": 100, "n_cycles": 3, "epochs_per_cycle": 4, "exploration": 0.5, "samples_per_cycle": 2},
+        {
+            "lr": 0.4,
+            "batch_size": 100,
+            "n_cycles": 3,
+            "epochs_per_cycle": 4,
+            "exploration": 0.5,
+            "samples_per_cycle": 2,
+        },
     )
     total, lr_at, noisy_at, samples = method.plan(250, config)  # 3 steps per epoch, cycles of 12 steps
     assert total == 36
@@ -324,8 +338,14 @@ def test_exploration_stage_adds_no_noise(monkeypatch):
     monkeypatch.setattr(GaussianNoise, "add_to_", counting)
     problem, _, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=0)
     samples, stats = draw(
-        "csgld", problem, lr=lr_for(0.5, cov), batch_size=128, n_cycles=3, epochs_per_cycle=10,
-        exploration=0.7, samples_per_cycle=3,
+        "csgld",
+        problem,
+        lr=lr_for(0.5, cov),
+        batch_size=128,
+        n_cycles=3,
+        epochs_per_cycle=10,
+        exploration=0.7,
+        samples_per_cycle=3,
     )
     assert len(samples) == stats["n_samples"] == 9
     assert len(draws) == 3 * (20 - 14)  # cycles of 20 steps, the first 14 noise-free
@@ -336,8 +356,14 @@ def test_sample_count_stats_and_live_model():
     method = get_method("sgld")
     config = resolve_config(
         method,
-        {"lr": lr_for(0.05, cov), "prior_std": PRIOR_STD, "batch_size": 100, "epochs": 5, "burn_in_epochs": 2,
-         "n_samples": 4},
+        {
+            "lr": lr_for(0.05, cov),
+            "prior_std": PRIOR_STD,
+            "batch_size": 100,
+            "epochs": 5,
+            "burn_in_epochs": 2,
+            "n_samples": 4,
+        },
     )
     stats: dict[str, float] = {}
     seen, steps = [], []

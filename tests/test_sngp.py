@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
+from small_problems import regression_problem
 from torch import nn
 
-from small_problems import regression_problem
 from ursa_ray.methods import get_method
 from ursa_ray.methods.base import Categorical, Problem, resolve_config
 from ursa_ray.methods.sngp import RandomFeatureGP, install_sngp
@@ -88,9 +88,12 @@ def test_predictive_variance_grows_with_distance_from_the_training_data():
     torch.manual_seed(0)
     x, y = _two_blobs()
     problem = Problem(
-        x=x, y=y, likelihood=Categorical(),
+        x=x,
+        y=y,
+        likelihood=Categorical(),
         make_model=lambda: nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2)),
-        generator=torch.Generator().manual_seed(0), device=torch.device("cpu"),
+        generator=torch.Generator().manual_seed(0),
+        device=torch.device("cpu"),
     )
     method = get_method("sngp")
     config = resolve_config(method, {"epochs": 30, "batch_size": 32, "lr": 1e-2, "n_features": 256, "lengthscale": 1.0})

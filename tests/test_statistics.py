@@ -35,15 +35,41 @@ def write_results(path, values: dict, failed: frozenset = frozenset()) -> None:
     for (method, model, dataset, seed), metrics in values.items():
         trial_id = f"{method}-{model}-{dataset}-{seed}"
         status = "failed" if (method, model, dataset, seed) in failed else "ok"
-        record = {"trial_id": trial_id, "phase": "final", "cell": f"{method}/{model}/{dataset}", "method": method,
-                  "method_name": method, "model": model, "dataset": dataset, "task": "classification",
-                  "decision_task": False, "seed": seed, "status": status, "reserved_cpu_s": 1.0,
-                  "reserved_gpu_s": 0.0, "finished_at": float(seed), "selection": ""}
-        rows = [] if status == "failed" else [
-            {"trial_id": trial_id, "method": method, "model": model, "dataset": dataset, "seed": seed,
-             "phase": "final", "eval_set": "test", "metric": metric, "value": value}
-            for metric, value in metrics.items()
-        ]
+        record = {
+            "trial_id": trial_id,
+            "phase": "final",
+            "cell": f"{method}/{model}/{dataset}",
+            "method": method,
+            "method_name": method,
+            "model": model,
+            "dataset": dataset,
+            "task": "classification",
+            "decision_task": False,
+            "seed": seed,
+            "status": status,
+            "reserved_cpu_s": 1.0,
+            "reserved_gpu_s": 0.0,
+            "finished_at": float(seed),
+            "selection": "",
+        }
+        rows = (
+            []
+            if status == "failed"
+            else [
+                {
+                    "trial_id": trial_id,
+                    "method": method,
+                    "model": model,
+                    "dataset": dataset,
+                    "seed": seed,
+                    "phase": "final",
+                    "eval_set": "test",
+                    "metric": metric,
+                    "value": value,
+                }
+                for metric, value in metrics.items()
+            ]
+        )
         results.add(record, rows)
 
 
@@ -63,8 +89,11 @@ def simulated_values(rng, shifts: dict[str, float], cells=(("mlp", "digits"), ("
 
 def units_frame(values: dict) -> pd.DataFrame:
     """The unit table :func:`analysis.composites.unit_values` gives for ``values`` (test-set metrics only)."""
-    rows = [{"composite": metric, "method": m, "model": model, "dataset": d, "seed": s, "value": v}
-            for (m, model, d, s), metrics in values.items() for metric, v in metrics.items()]
+    rows = [
+        {"composite": metric, "method": m, "model": model, "dataset": d, "seed": s, "value": v}
+        for (m, model, d, s), metrics in values.items()
+        for metric, v in metrics.items()
+    ]
     return pd.DataFrame(rows)
 
 
@@ -111,7 +140,11 @@ def test_same_distribution_methods_are_tied_at_the_stated_rate():
         any_ordering += bool((pairs["better"] != "tie").any())
         raw_rejections += int((pairs["p_value"] < 0.05).sum())
     assert any_ordering <= stats.binom.ppf(0.999, SIMULATIONS, 0.05)
-    assert stats.binom.ppf(0.001, 3 * SIMULATIONS, 0.025) <= raw_rejections <= stats.binom.ppf(0.999, 3 * SIMULATIONS, 0.05)
+    assert (
+        stats.binom.ppf(0.001, 3 * SIMULATIONS, 0.025)
+        <= raw_rejections
+        <= stats.binom.ppf(0.999, 3 * SIMULATIONS, 0.05)
+    )
 
 
 def test_t_interval_covers_the_true_mean_at_its_level():
@@ -135,17 +168,20 @@ def test_composite_interval_propagates_cells_and_covers_the_composite_mean():
     covered = 0
     for _ in range(n):
         draws = [rng.normal(t, s, size=k) for t, s, k in zip(truth, spread, seeds)]
-        cells = pd.DataFrame({"mean": [d.mean() for d in draws], "std": [d.std(ddof=1) for d in draws],
-                              "seeds": seeds})
+        cells = pd.DataFrame({"mean": [d.mean() for d in draws], "std": [d.std(ddof=1) for d in draws], "seeds": seeds})
         _, low, high = composite_interval(cells)
         covered += low <= truth.mean() <= high
     assert 0.93 * n <= covered <= 0.97 * n
 
 
 def test_one_seed_gives_no_interval_and_says_why(tmp_path):
-    values = {("a", "mlp", "digits", 0): {"accuracy": 0.9}, ("b", "mlp", "digits", 0): {"accuracy": 0.8},
-              ("a", "mlp", "wine", 0): {"accuracy": 0.9}, ("a", "mlp", "wine", 1): {"accuracy": 0.92},
-              ("a", "mlp", "wine", 2): {"accuracy": 0.94}}
+    values = {
+        ("a", "mlp", "digits", 0): {"accuracy": 0.9},
+        ("b", "mlp", "digits", 0): {"accuracy": 0.8},
+        ("a", "mlp", "wine", 0): {"accuracy": 0.9},
+        ("a", "mlp", "wine", 1): {"accuracy": 0.92},
+        ("a", "mlp", "wine", 2): {"accuracy": 0.94},
+    }
     write_results(tmp_path, values)
     cells = ursa_ray.load(tmp_path).compare().cells.set_index(["method", "dataset"])
     assert np.isnan(cells.loc[("a", "digits"), "low"]) and cells.loc[("a", "digits"), "seeds"] == 1
@@ -180,21 +216,35 @@ def test_a_method_missing_a_cell_is_compared_on_shared_units_only(tmp_path):
 
 # Demšar (2006), Table 6: AUC of C4.5, C4.5+m, C4.5+cf, C4.5+m+cf on 14 data sets.  The paper's ranks break
 # the printed tie on ``voting`` (0.975, 0.975) in favour of C4.5+cf, as its average ranks show; so does 0.97501.
-DEMSAR_AUC = np.array([
-    [0.763, 0.768, 0.771, 0.798], [0.599, 0.591, 0.590, 0.569], [0.954, 0.971, 0.968, 0.967],
-    [0.628, 0.661, 0.654, 0.657], [0.882, 0.888, 0.886, 0.898], [0.936, 0.931, 0.916, 0.931],
-    [0.661, 0.668, 0.609, 0.685], [0.583, 0.583, 0.563, 0.625], [0.775, 0.838, 0.866, 0.875],
-    [1.000, 1.000, 1.000, 1.000], [0.940, 0.962, 0.965, 0.962], [0.619, 0.666, 0.614, 0.669],
-    [0.972, 0.981, 0.97501, 0.975], [0.957, 0.978, 0.946, 0.970],
-])
+DEMSAR_AUC = np.array(
+    [
+        [0.763, 0.768, 0.771, 0.798],
+        [0.599, 0.591, 0.590, 0.569],
+        [0.954, 0.971, 0.968, 0.967],
+        [0.628, 0.661, 0.654, 0.657],
+        [0.882, 0.888, 0.886, 0.898],
+        [0.936, 0.931, 0.916, 0.931],
+        [0.661, 0.668, 0.609, 0.685],
+        [0.583, 0.583, 0.563, 0.625],
+        [0.775, 0.838, 0.866, 0.875],
+        [1.000, 1.000, 1.000, 1.000],
+        [0.940, 0.962, 0.965, 0.962],
+        [0.619, 0.666, 0.614, 0.669],
+        [0.972, 0.981, 0.97501, 0.975],
+        [0.957, 0.978, 0.946, 0.970],
+    ]
+)
 DEMSAR_METHODS = ["C4.5", "C4.5+m", "C4.5+cf", "C4.5+m+cf"]
 
 
 def _demsar_units() -> pd.DataFrame:
-    return pd.DataFrame([
-        {"composite": "accuracy", "method": m, "model": "tree", "dataset": f"set{i}", "seed": 0, "value": v}
-        for i, row in enumerate(DEMSAR_AUC) for m, v in zip(DEMSAR_METHODS, row)
-    ])
+    return pd.DataFrame(
+        [
+            {"composite": "accuracy", "method": m, "model": "tree", "dataset": f"set{i}", "seed": 0, "value": v}
+            for i, row in enumerate(DEMSAR_AUC)
+            for m, v in zip(DEMSAR_METHODS, row)
+        ]
+    )
 
 
 def test_friedman_and_nemenyi_reproduce_demsar_2006_worked_example():
@@ -261,9 +311,20 @@ def test_regression_coverage_gets_a_wilson_interval_over_repetitions():
     from analysis.coverage import coverage_table
 
     # one test point, 4 repetitions, covered in 2 (|mean − truth| ≤ 1.96 std)
-    points = pd.DataFrame({"method": "m", "model": "mlp", "experiment": "e1", "complexity": 1.0,
-                           "repetition": range(4), "point_id": 0, "in_distribution": True, "truth": 0.0,
-                           "mean": [0.1, 0.3, 0.0, 0.5], "std": [0.1, 0.1, 0.2, 0.2]})
+    points = pd.DataFrame(
+        {
+            "method": "m",
+            "model": "mlp",
+            "experiment": "e1",
+            "complexity": 1.0,
+            "repetition": range(4),
+            "point_id": 0,
+            "in_distribution": True,
+            "truth": 0.0,
+            "mean": [0.1, 0.3, 0.0, 0.5],
+            "std": [0.1, 0.1, 0.2, 0.2],
+        }
+    )
     row = coverage_table(points).iloc[0]
     low, high = wilson_interval(np.array([2]), np.array([4]))
     assert row["coverage"] == 0.5 and (row["coverage_low"], row["coverage_high"]) == pytest.approx((low[0], high[0]))
@@ -293,9 +354,20 @@ def test_region_coverage_gets_a_wilson_interval_with_n_the_repetitions():
     0.75 ± 12.7 · 0.25, would leave [0, 1])."""
     from analysis.coverage import coverage_summary
 
-    points = pd.DataFrame({"method": "m", "model": "mlp", "experiment": "e1", "complexity": 1.0,
-                           "repetition": [0, 0, 1, 1], "point_id": [0, 1, 0, 1], "in_distribution": True,
-                           "truth": 0.0, "mean": [0.1, 0.5, 0.1, 0.1], "std": [0.1, 0.1, 0.1, 0.1]})
+    points = pd.DataFrame(
+        {
+            "method": "m",
+            "model": "mlp",
+            "experiment": "e1",
+            "complexity": 1.0,
+            "repetition": [0, 0, 1, 1],
+            "point_id": [0, 1, 0, 1],
+            "in_distribution": True,
+            "truth": 0.0,
+            "mean": [0.1, 0.5, 0.1, 0.1],
+            "std": [0.1, 0.1, 0.1, 0.1],
+        }
+    )
     row = coverage_summary(points).iloc[0]
     low, high = wilson_interval(np.array([1.5]), np.array([2]))
     assert row["coverage"] == 0.75 and (row["coverage_low"], row["coverage_high"]) == pytest.approx((low[0], high[0]))
@@ -306,9 +378,13 @@ def test_grouped_intervals_average_sets_within_a_trial_before_seeds_and_cells():
     """Two OOD sets per trial are one unit (their mean), not two seeds: 3 seeds of means 0.5, 0.6, 0.7."""
     from analysis.intervals import grouped_intervals
 
-    rows = pd.DataFrame([{"method": "a", "model": "mlp", "dataset": "digits", "seed": s, "set": k, "value": v}
-                         for s, (v0, v1) in enumerate(((0.4, 0.6), (0.5, 0.7), (0.6, 0.8)))
-                         for k, v in enumerate((v0, v1))])
+    rows = pd.DataFrame(
+        [
+            {"method": "a", "model": "mlp", "dataset": "digits", "seed": s, "set": k, "value": v}
+            for s, (v0, v1) in enumerate(((0.4, 0.6), (0.5, 0.7), (0.6, 0.8)))
+            for k, v in enumerate((v0, v1))
+        ]
+    )
     row = grouped_intervals(rows, ["method"]).iloc[0]
     half = stats.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)
     assert row["seeds"] == 3 and row["mean"] == pytest.approx(0.6)

@@ -8,13 +8,13 @@ import math
 
 import pytest
 import torch
+from exact_blr import batch_means_mcse
+from small_problems import regression_problem as shared_problem
 
 from ursa_ray.methods import get_method
 from ursa_ray.methods.base import Problem, flat_parameters, load_flat_parameters, resolve_config
 from ursa_ray.methods.subspace import elliptical_slice, pca_basis, subspace_log_likelihood
 from ursa_ray.methods.swag import fit_swa
-from exact_blr import batch_means_mcse
-from small_problems import regression_problem as shared_problem
 
 
 def regression_problem(seed: int = 0, n: int = 64, batch_norm: bool = False) -> Problem:

@@ -7,13 +7,12 @@ import math
 
 import pytest
 import torch
+from small_problems import regression_problem
 from torch import nn
 
 from ursa_ray.methods import get_method
 from ursa_ray.methods.base import flat_parameters, resolve_config
 from ursa_ray.methods.swag import SWAGMoments, collect_iterates, fit_swa, has_batch_norm, refresh_batch_norm
-from small_problems import regression_problem
-
 
 SMALL = {"epochs": 3, "swa_epochs": 6, "batch_size": 16, "lr": 0.01, "swa_lr": 0.005}
 

@@ -59,7 +59,11 @@ def test_mlp_forward_flops_equal_the_hand_count():
     hand_count = 2 * (784 * 200 + 200 * 200 + 200 * 10)
     assert forward_flops(mnist_mlp(), (1, 28, 28)) == hand_count == 397_600
     no_bias = nn.Sequential(
-        nn.Flatten(), nn.Linear(784, 200, bias=False), nn.ReLU(), nn.Linear(200, 200, bias=False), nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(784, 200, bias=False),
+        nn.ReLU(),
+        nn.Linear(200, 200, bias=False),
+        nn.ReLU(),
         nn.Linear(200, 10, bias=False),
     )
     assert forward_flops(no_bias, (1, 28, 28)) == hand_count
@@ -67,8 +71,13 @@ def test_mlp_forward_flops_equal_the_hand_count():
 
 def test_conv_net_forward_flops_equal_the_hand_count():
     net = nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),  # 8 × 16 × 16 → 8 × 8 × 8
-        nn.Conv2d(8, 16, 3, groups=2), nn.ReLU(), nn.Flatten(),  # 16 × 6 × 6, each output sees 4 channels
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),  # 8 × 16 × 16 → 8 × 8 × 8
+        nn.Conv2d(8, 16, 3, groups=2),
+        nn.ReLU(),
+        nn.Flatten(),  # 16 × 6 × 6, each output sees 4 channels
         nn.Linear(16 * 6 * 6, 10),
     )
     hand_count = (
@@ -318,8 +327,14 @@ def test_float16_weights_keep_the_quickstart_accuracy():
     0.005 accuracy of float32.  The printout reports each scheme's change in accuracy, NLL and OOD AUROC."""
     torch.manual_seed(0)
     ds = get_dataset("digits").load({}, ("noise", "digits_rotated"), None, False, 0)
-    problem = Problem(ds.train_x, ds.train_y, Categorical(), lambda: build_mlp((1, 8, 8), 10, [200, 200]),
-                      torch.Generator().manual_seed(0), torch.device("cpu"))
+    problem = Problem(
+        ds.train_x,
+        ds.train_y,
+        Categorical(),
+        lambda: build_mlp((1, 8, 8), 10, [200, 200]),
+        torch.Generator().manual_seed(0),
+        torch.device("cpu"),
+    )
     method = get_method("mc_dropout")
     config = resolve_config(method, {"lr": 0.05, "p": 0.2, "epochs": 10, "n_samples": 10, "batch_size": 64})
     sets = [("test", ds.test_x), *ds.ood.items()]

@@ -140,7 +140,7 @@ def test_transfer_source_trains_its_own_network_from_streams_no_method_uses(monk
 
 def _values(outcome, prefix: str) -> dict[tuple[str, str], float]:
     return {
-        (m["eval_set"][len(prefix):], m["metric"]): m["value"]
+        (m["eval_set"][len(prefix) :], m["metric"]): m["value"]
         for m in outcome.metrics
         if m["eval_set"].startswith(prefix) and m["metric"] != "reference"
     }
@@ -206,8 +206,11 @@ def test_kept_samples_come_from_every_chain_and_from_the_end_of_sampling(method,
         "sgld": {"lr": 0.05, "prior_std": 0.2, "epochs": 3, "burn_in_epochs": 1, "n_samples": 5, "n_chains": 4},
         "hmc": {"step_size": 1.0e-3, "n_leapfrog": 3, "burn_in": 2, "n_samples": 5, "n_chains": 4},
     }[method]
-    grid = {**ROBUST, "methods": [{"name": method, "hyperparameters": settings}], "adversarial": {
-        "attacks": ["fgsm"], "n_examples": 20, "attack_samples": 8}}
+    grid = {
+        **ROBUST,
+        "methods": [{"name": method, "hyperparameters": settings}],
+        "adversarial": {"attacks": ["fgsm"], "n_examples": 20, "attack_samples": 8},
+    }
     spec = next(s for s in _specs(grid) if s["seed"] == 0)
     if in_turn:
         monkeypatch.setattr(ursa_ray.methods.sgmcmc, "can_batch", lambda model, problem: False)

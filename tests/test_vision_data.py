@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ursa_ray.data import get_dataset, registry
-from ursa_ray.data import vision
+from ursa_ray.data import get_dataset, registry, vision
 from ursa_ray.data._vision_files import (
     write_cifar10,
     write_cifar100,
@@ -89,8 +88,14 @@ def cifar_normalised(x: np.ndarray) -> np.ndarray:
 def test_registry_lists_the_vision_datasets():
     names = set(registry())
     expected = {
-        "mnist", "fashion_mnist", "kmnist", "cifar10", "cifar100",
-        "mnist_imbalanced", "cifar10_imbalanced", "cifar100_imbalanced",
+        "mnist",
+        "fashion_mnist",
+        "kmnist",
+        "cifar10",
+        "cifar100",
+        "mnist_imbalanced",
+        "cifar10_imbalanced",
+        "cifar100_imbalanced",
     }
     assert expected <= names
     assert set(get_dataset("mnist").ood_sets) == {"fashion_mnist", "kmnist"}

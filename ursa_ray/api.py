@@ -79,7 +79,9 @@ def run(
         _remove_damaged_parts(where, echo)
         from ursa_ray.tune.runner import run_grid  # imports Ray: only when something runs
 
-        summary = run_grid(grid, where, address=address, echo=echo, keep_grid=lambda at: record_grid(at, grid, fingerprint))
+        summary = run_grid(
+            grid, where, address=address, echo=echo, keep_grid=lambda at: record_grid(at, grid, fingerprint)
+        )
         _compact(where, echo)
         return summary
 

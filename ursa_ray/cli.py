@@ -74,7 +74,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         summary = api.run(grid, out, address=args.address, echo=progress, allow_grid_change=args.allow_grid_change)
     except KeyboardInterrupt:  # a second Ctrl-C: stopped at once (never in the middle of writing a trial's rows)
         progress.close()
-        print("aborted: stopped at once; finished trials are kept; run the same command again to resume", file=sys.stderr)
+        print(
+            "aborted: stopped at once; finished trials are kept; run the same command again to resume", file=sys.stderr
+        )
         return 130
     finally:
         progress.close()  # the status line ends before the summary lines (and before a GridError's message)
@@ -84,7 +86,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         f"{len(summary.early_stopped)} early-stopped, {summary.skipped} already finished; results in {out}"
     )
     if summary.budget_stopped:
-        print(f"search budget spent (search complete) in {len(summary.budget_stopped)} cell(s): {', '.join(summary.budget_stopped)}")
+        print(
+            f"search budget spent (search complete) in {len(summary.budget_stopped)} cell(s): {', '.join(summary.budget_stopped)}"
+        )
     if summary.interrupted or summary.incomplete > 0:
         what = f"{summary.incomplete} trial(s) did not finish" if summary.incomplete > 0 else "the run did not finish"
         if summary.interrupted and summary.planned == 0 and grid.search is not None:
@@ -103,7 +107,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "(a rerun does not count them as done)"
         )
     if final_failed or summary.failed_cells:
-        print(f"{len(final_failed)} final trial(s) failed, {len(summary.failed_cells)} cell(s) not run", file=sys.stderr)
+        print(
+            f"{len(final_failed)} final trial(s) failed, {len(summary.failed_cells)} cell(s) not run", file=sys.stderr
+        )
         return 1
     print(f"next: ursa-ray report {shlex.quote(out)}")
     return 0
@@ -236,8 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="print the composite table and write DIR/report.md")
     report.add_argument("results", help="results directory or object-store URI (as given to run --out)")
     report.add_argument("--cost", action="store_true", help="print the search + inference cost report too")
-    report.add_argument("--alpha", type=float, default=0.05,
-                        help="level of every test, 1 - alpha of every interval (default 0.05; docs/statistics.md)")
+    report.add_argument(
+        "--alpha",
+        type=float,
+        default=0.05,
+        help="level of every test, 1 - alpha of every interval (default 0.05; docs/statistics.md)",
+    )
     report.set_defaults(func=_cmd_report)
     compact = sub.add_parser(
         "compact", help="merge a results directory's part files into a few large ones (readers see the same tables)"

@@ -23,12 +23,12 @@ from typing import Any
 import yaml
 
 from ursa_ray import data, methods, models
-from ursa_ray.methods._training import PRECISIONS
-from ursa_ray.methods.base import BUDGET_KEYS, Constraint, Hyperparameter, resolve_config
-from ursa_ray.registry import RegistryError
 from ursa_ray.evaluation.adversarial import validate_adversarial
 from ursa_ray.evaluation.corruptions import CORRUPTIONS, SEVERITIES, validate_corruptions
 from ursa_ray.evaluation.test_time_cost import QUANTISATION_SCHEMES
+from ursa_ray.methods._training import PRECISIONS
+from ursa_ray.methods.base import BUDGET_KEYS, Constraint, Hyperparameter, resolve_config
+from ursa_ray.registry import RegistryError
 from ursa_ray.search_space import (
     SEARCH_KEYS,
     SELECTION_METRICS,
@@ -82,7 +82,14 @@ TOP_KEYS = {
 }
 REQUIRED = ("name", "methods", "models", "datasets", "seeds")
 METHOD_KEYS = (
-    "name", "label", "models", "datasets", "hyperparameters", "model_hyperparameters", "search", "vectorize_seeds",
+    "name",
+    "label",
+    "models",
+    "datasets",
+    "hyperparameters",
+    "model_hyperparameters",
+    "search",
+    "vectorize_seeds",
     "resources",
 )
 MODEL_KEYS = ("name", "options", "resources")
@@ -180,7 +187,9 @@ class Grid:
                         options = dict(d.options)
                         if c is not None:
                             options[data.get_dataset(d.name).sweep] = c
-                        out.append({"method": m, "model": mo, "dataset": d, "complexity": c, "dataset_options": options})
+                        out.append(
+                            {"method": m, "model": mo, "dataset": d, "complexity": c, "dataset_options": options}
+                        )
         return out
 
     def n_final_trials(self) -> int:
@@ -193,7 +202,9 @@ class Grid:
         for cell in self.cells():
             self.spec_for(cell, self.seeds[0], "final", {})
 
-    def trial_specs(self, phase: str = "final", overrides: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    def trial_specs(
+        self, phase: str = "final", overrides: dict[str, dict[str, Any]] | None = None
+    ) -> list[dict[str, Any]]:
         """Every final-phase trial of the grid as a JSON-able spec.
 
         ``overrides`` maps a cell key (see :func:`cell_key`) to the hyperparameters found by the search
@@ -282,7 +293,9 @@ def _link_transfer_sources(specs: list[dict[str, Any]]) -> None:
     orchestration runs the sources first and hands the others the examples they saved."""
 
     def where(spec: dict[str, Any]) -> str:
-        return json.dumps([spec[k] for k in ("model", "model_options", "dataset", "dataset_options", "seed")], sort_keys=True)
+        return json.dumps(
+            [spec[k] for k in ("model", "model_options", "dataset", "dataset_options", "seed")], sort_keys=True
+        )
 
     sources: dict[str, str] = {}
     for spec in specs:
@@ -347,7 +360,10 @@ def trial_id(spec: dict[str, Any]) -> str:
     seed, configuration, and for a dataset read from files its ``file`` block with the sha256 of the files'
     content (so changed data is a new trial, and a new grid for :func:`ursa_ray.guard.grid_fingerprint`), but
     not the files' paths (moving the project keeps a results directory resumable)."""
-    identity = {k: spec[k] for k in ("phase", "method", "model", "model_options", "dataset", "dataset_options", "ood", "seed", "config")}
+    identity = {
+        k: spec[k]
+        for k in ("phase", "method", "model", "model_options", "dataset", "dataset_options", "ood", "seed", "config")
+    }
     if spec.get("precision") is not None:  # a grid without the key keeps its trials' ids
         identity["precision"] = spec["precision"]
     if spec.get("dataset_file") is not None:
@@ -377,9 +393,7 @@ def _reject_former_names(
     for h in declared:
         for old in h.formerly:
             if old in given:
-                raise _fail(
-                    path, f"{where}.{old}", f"{owner} renamed {old!r} to {h.name!r}; use {h.name} ({h.doc})"
-                )
+                raise _fail(path, f"{where}.{old}", f"{owner} renamed {old!r} to {h.name!r}; use {h.name} ({h.doc})")
 
 
 def _check_options(
@@ -470,7 +484,9 @@ def _seeds(path: str, raw: Any) -> Sequence[int]:
     seed in [0, :data:`MAX_SEED`]."""
     if isinstance(raw, int) and not isinstance(raw, bool):
         if not 1 <= raw <= MAX_SEED + 1:
-            raise _fail(path, "seeds", f"expected a number of seeds from 1 to {MAX_SEED + 1} (seeds 0..n-1), got {raw!r}")
+            raise _fail(
+                path, "seeds", f"expected a number of seeds from 1 to {MAX_SEED + 1} (seeds 0..n-1), got {raw!r}"
+            )
         return range(raw)
     if not isinstance(raw, list) or not raw:
         raise _fail(path, "seeds", f"expected {TOP_KEYS['seeds']}, got {raw!r}")
@@ -602,10 +618,18 @@ def _file_dataset_entry(path: str, where: str, item: Mapping[str, Any]) -> Datas
 
     name = item["name"]
     if name in data.registry():
-        raise _fail(path, f"{where}.name", f"{name!r} is a registered dataset; a dataset read from files needs a name of its own")
+        raise _fail(
+            path,
+            f"{where}.name",
+            f"{name!r} is a registered dataset; a dataset read from files needs a name of its own",
+        )
     if not SET_NAME.fullmatch(name):
         raise _fail(path, f"{where}.name", "a dataset read from files is named with letters, digits, '_' and '-'")
-    for key, why in (("ood", "name its OOD files in file.ood"), ("complexity", "sweep no complexity"), ("options", "take no options")):
+    for key, why in (
+        ("ood", "name its OOD files in file.ood"),
+        ("complexity", "sweep no complexity"),
+        ("options", "take no options"),
+    ):
         if key in item:
             raise _fail(path, f"{where}.{key}", f"datasets read from files {why}")
     try:
@@ -627,7 +651,9 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
             raise _fail(path, key, f"required: {TOP_KEYS[key]}")
     if not isinstance(raw["name"], str) or not GRID_NAME.fullmatch(raw["name"]):
         raise _fail(
-            path, "name", "expected letters, digits, '_', '-' and '.', starting with a letter or digit, at most 100 "
+            path,
+            "name",
+            "expected letters, digits, '_', '-' and '.', starting with a letter or digit, at most 100 "
             f"characters (the name is the folder results/<name>), got {raw['name']!r}",
         )
     if not isinstance(raw.get("description", ""), str):
@@ -654,11 +680,19 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
             raise _fail(path, f"{where}.ood", "expected a list of OOD dataset names")
         for o in ood:
             if o not in spec.ood_sets:
-                raise _fail(path, f"{where}.ood", f"unknown OOD set {o!r} for {spec.name}; allowed: {', '.join(spec.ood_sets) or 'none'}")
+                raise _fail(
+                    path,
+                    f"{where}.ood",
+                    f"unknown OOD set {o!r} for {spec.name}; allowed: {', '.join(spec.ood_sets) or 'none'}",
+                )
         complexity = item.get("complexity")
         if complexity is not None:
             if spec.sweep is None:
-                raise _fail(path, f"{where}.complexity", f"{spec.name} has no complexity to sweep (only synthetic regression sets do)")
+                raise _fail(
+                    path,
+                    f"{where}.complexity",
+                    f"{spec.name} has no complexity to sweep (only synthetic regression sets do)",
+                )
             sweep_param = next(h for h in spec.options if h.name == spec.sweep)
             if not isinstance(complexity, list) or not complexity:
                 raise _fail(path, f"{where}.complexity", "expected a non-empty list of numbers")
@@ -707,7 +741,11 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         per_model = {}
         for model_name, values in per_model_raw.items():
             if model_name not in model_names:
-                raise _fail(path, f"{where}.model_hyperparameters.{model_name}", f"not among the grid's models: {', '.join(model_names)}")
+                raise _fail(
+                    path,
+                    f"{where}.model_hyperparameters.{model_name}",
+                    f"not among the grid's models: {', '.join(model_names)}",
+                )
             per_model[model_name] = _check_options(
                 path, f"{where}.model_hyperparameters.{model_name}", owner, method.hyperparameters, values
             )
@@ -715,11 +753,17 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         if vectorize is not None:
             _int(path, f"{where}.vectorize_seeds", vectorize, 1)
         own = _resources(path, f"{where}.resources", item.get("resources"))
-        method_entries.append(MethodEntry(item["name"], label, only, hyper, space, per_model, only_data, vectorize, own))
+        method_entries.append(
+            MethodEntry(item["name"], label, only, hyper, space, per_model, only_data, vectorize, own)
+        )
     labels = [m.label for m in method_entries]
     duplicates = sorted({lab for lab in labels if labels.count(lab) > 1})
     if duplicates:
-        raise _fail(path, "methods", f"labels must be unique; give each repeated method a label (repeated: {', '.join(duplicates)})")
+        raise _fail(
+            path,
+            "methods",
+            f"labels must be unique; give each repeated method a label (repeated: {', '.join(duplicates)})",
+        )
 
     seeds = _seeds(path, raw["seeds"])
     max_trials = _int(path, "max_trials", raw.get("max_trials", DEFAULT_MAX_TRIALS), 1)
@@ -814,7 +858,9 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     n_final = grid.n_final_trials()
     if n_final > max_trials:
         raise _fail(
-            path, "seeds", f"{len(grid.cells())} cells x {len(seeds):,} seeds = {n_final:,} final trials, more than "
+            path,
+            "seeds",
+            f"{len(grid.cells())} cells x {len(seeds):,} seeds = {n_final:,} final trials, more than "
             f"max_trials ({max_trials:,}); use fewer seeds or cells, or set max_trials: {n_final} to run them all",
         )
     return grid
@@ -829,7 +875,11 @@ def _parse_reference(path: str, raw: Any) -> dict[str, Any] | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or not raw:
-        raise _fail(path, "reference", f"expected a mapping with keys among {', '.join(h.name for h in reference.declared_settings())}")
+        raise _fail(
+            path,
+            "reference",
+            f"expected a mapping with keys among {', '.join(h.name for h in reference.declared_settings())}",
+        )
     return _check_options(path, "reference", "reference", reference.declared_settings(), raw)
 
 
@@ -877,7 +927,9 @@ class GridLoader(yaml.SafeLoader):
             key = self.construct_object(key_node)
             if key in line_of:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice (first on line {line_of[key]}); give each key once",
+                    None,
+                    None,
+                    f"key {key!r} appears twice (first on line {line_of[key]}); give each key once",
                     key_node.start_mark,
                 )
             line_of[key] = key_node.start_mark.line + 1
@@ -897,7 +949,10 @@ def _count_nodes(node: yaml.Node, memo: dict[int, int], mark: yaml.Mark) -> int:
         total = 1 + sum(_count_nodes(child, memo, mark) for child in children)
         if total > MAX_YAML_NODES:
             raise yaml.constructor.ConstructorError(
-                None, None, f"expands to more than {MAX_YAML_NODES:,} values through its aliases (&anchor / *alias)", mark
+                None,
+                None,
+                f"expands to more than {MAX_YAML_NODES:,} values through its aliases (&anchor / *alias)",
+                mark,
             )
         memo[id(node)] = total
     return memo[id(node)]
@@ -921,7 +976,9 @@ def load_grid(path: str | Path) -> Grid:
         where = f"line {mark.line + 1}" if mark is not None else "YAML"
         raise GridError(f"{path}: {where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
     except RecursionError:
-        raise GridError(f"{path}: YAML: nested too deeply to read; a grid is a few levels of mappings and lists") from None
+        raise GridError(
+            f"{path}: YAML: nested too deeply to read; a grid is a few levels of mappings and lists"
+        ) from None
     return dataclasses.replace(parse_grid(raw, path), source=text)
 
 
@@ -966,7 +1023,9 @@ def _check_reference_fits(grid: Grid, root: Path) -> None:
             need = reference.full_batch_bytes(len(ds.train_y), math.prod(ds.input_shape), n_params, chains)
             if need > reference.MAX_FULL_BATCH_BYTES:
                 raise _fail(
-                    grid.path, "reference", f"full-batch HMC on {mo.name}/{d.name} needs at least {need / 2**20:,.0f} MiB "
+                    grid.path,
+                    "reference",
+                    f"full-batch HMC on {mo.name}/{d.name} needs at least {need / 2**20:,.0f} MiB "
                     f"({len(ds.train_y):,} training inputs of {math.prod(ds.input_shape):,} values and {chains} chains of "
                     f"{n_params:,} parameters); the limit is {reference.MAX_FULL_BATCH_BYTES / 2**20:,.0f} MiB",
                 )
@@ -988,4 +1047,8 @@ def _check_file_dataset(grid: Grid, index: int, entry: DatasetEntry) -> None:
         try:
             AdversarialSettings(**grid.adversarial).epsilons_for(entry.name)
         except ValueError as error:
-            raise _fail(grid.path, "adversarial.epsilons", f"{error}; give epsilons (pixel units) for the images of {entry.name!r}") from None
+            raise _fail(
+                grid.path,
+                "adversarial.epsilons",
+                f"{error}; give epsilons (pixel units) for the images of {entry.name!r}",
+            ) from None

@@ -65,7 +65,9 @@ def check_out_location(where: Location) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".ursa-ray-probe-", dir=existing))
     except OSError as exc:
-        raise ResultsDirError(f"--out {path}: cannot write in {existing} ({exc.strerror or exc}); choose another --out") from None
+        raise ResultsDirError(
+            f"--out {path}: cannot write in {existing} ({exc.strerror or exc}); choose another --out"
+        ) from None
 
 
 def grid_fingerprint(grid: Grid) -> str:
@@ -198,7 +200,9 @@ def _local_lock(lock: Path, echo: Callable[[str], None]) -> Iterator[None]:
     try:
         holder = _holder(_read(fd))
         if holder:
-            stale = holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not _alive(holder["pid"])
+            stale = (
+                holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not _alive(holder["pid"])
+            )
             if not stale:
                 raise _in_use(lock, holder)
             echo(f"{lock.parent}: taking over the stale lock of {_describe(holder)} (that process no longer exists)")
@@ -225,5 +229,10 @@ def _in_use(lock: Path, holder: dict[str, Any]) -> ResultsDirError:
 
 
 __all__ = [
-    "ResultsDirError", "check_grid", "check_out_location", "grid_fingerprint", "record_grid", "results_lock",
+    "ResultsDirError",
+    "check_grid",
+    "check_out_location",
+    "grid_fingerprint",
+    "record_grid",
+    "results_lock",
 ]

@@ -145,7 +145,9 @@ class Lease:
     """The lease ``where`` (``DIR/.lock`` on an object store) for one run: :meth:`held` takes it (or raises
     :class:`LeaseRefused`), renews it from a thread while the block runs, and deletes it at the end."""
 
-    def __init__(self, where: Location, echo: Callable[[str], None] = print, lease_s: float = LEASE_S, store: Any = None):
+    def __init__(
+        self, where: Location, echo: Callable[[str], None] = print, lease_s: float = LEASE_S, store: Any = None
+    ):
         self.where, self.echo, self.lease_s = where, echo, lease_s
         self.store = store if store is not None else store_for(where)
         self.record = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex,
@@ -156,8 +158,10 @@ class Lease:
     @contextlib.contextmanager
     def held(self) -> Iterator[Lease]:
         if not self.store.atomic:
-            self.echo(f"warning: {self.where.parent}: this object store has no conditional writes: two runs "
-                      "starting at the same moment on this --out could both proceed; run one at a time")
+            self.echo(
+                f"warning: {self.where.parent}: this object store has no conditional writes: two runs "
+                "starting at the same moment on this --out could both proceed; run one at a time"
+            )
         self._take()
         stop = threading.Event()
         renewer = threading.Thread(target=self._renew_until, args=(stop,), name="ursa-ray-lease", daemon=True)
@@ -188,8 +192,10 @@ class Lease:
             self.etag = self.store.write(self._body(), current[1])
             if self.etag is None:  # another driver took the expired lease first
                 raise self._refusal(_holder((self.store.read() or (b"", ""))[0]))
-            self.echo(f"{self.where.parent}: taking over the expired lock of {_describe(holder)} (not renewed "
-                      f"since {_when(float(holder.get('expires_at', 0.0)) - float(holder.get('lease_s', self.lease_s)))})")
+            self.echo(
+                f"{self.where.parent}: taking over the expired lock of {_describe(holder)} (not renewed "
+                f"since {_when(float(holder.get('expires_at', 0.0)) - float(holder.get('lease_s', self.lease_s)))})"
+            )
             return
         raise LeaseRefused(f"{self.where.parent}: could not take its lock {self.where}; try again")
 
@@ -198,8 +204,10 @@ class Lease:
             etag = self.store.write(self._body(), self.etag)
             if etag is None:
                 self.lost = True
-                self.echo(f"warning: {self.where.parent}: this run's lock was taken by another run (not renewed "
-                          f"within {self.lease_s:g} s): stop one of them")
+                self.echo(
+                    f"warning: {self.where.parent}: this run's lock was taken by another run (not renewed "
+                    f"within {self.lease_s:g} s): stop one of them"
+                )
                 return
             self.etag = etag
 

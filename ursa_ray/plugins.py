@@ -126,7 +126,9 @@ def check_method(method: Any) -> None:
     declared = {h.name for h in method.hyperparameters}
     for c in constraints:
         if not set(c.names) <= declared:
-            raise ValueError(f"constraint {c.rule!r} names undeclared hyperparameters {sorted(set(c.names) - declared)}")
+            raise ValueError(
+                f"constraint {c.rule!r} names undeclared hyperparameters {sorted(set(c.names) - declared)}"
+            )
     _check_callable(method, "sample_posterior")
     _check_callable(method, "warm_up", required=False)
     _check_callable(method, "posterior_storage", required=False)
@@ -227,7 +229,10 @@ def entry_point_entries(kind: str) -> list[Entry]:
     for entry_point in discover(GROUPS[kind]):
         item, problem = _checked(kind, entry_point.load)
         if problem is None and item.name != entry_point.name:
-            item, problem = None, f"the entry point is named {entry_point.name!r} but the {kind}'s name is {item.name!r}"
+            item, problem = (
+                None,
+                f"the entry point is named {entry_point.name!r} but the {kind}'s name is {item.name!r}",
+            )
         out.append(Entry(entry_point.name, entry_point_origin(entry_point), item, problem))
     return out
 
@@ -243,7 +248,9 @@ def merge(kind: str, builtins: dict[str, Any], plugins: Iterable[Entry]) -> list
         if entry.problem is None and entry.name in builtins:
             entry = Entry(entry.name, entry.origin, problem=f"the name {entry.name!r} is taken by the built-in {kind}")
         elif entry.problem is None and others:
-            entry = Entry(entry.name, entry.origin, problem=f"{' and '.join(others)} also registers a {kind} {entry.name!r}")
+            entry = Entry(
+                entry.name, entry.origin, problem=f"{' and '.join(others)} also registers a {kind} {entry.name!r}"
+            )
         entries.append(entry)
     return entries
 

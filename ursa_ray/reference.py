@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,9 +54,15 @@ METADATA_KEY = b"ursa_ray.reference"
 OWN_SETTINGS = (
     Hyperparameter("method", str, "hmc", "the reference's sampler (the existing full-batch HMC)", choices=("hmc",)),
     Hyperparameter("chains", int, 4, "chains (at least 2: R-hat and the noise floor compare chains)", low=2),
-    Hyperparameter("seed", int, 0, "the reference trial's seed (its data, initialisations, draws)", low=0, high=2**31 - 1),
-    Hyperparameter("rhat_max", float, fidelity.RHAT_MAX, "converged only when the largest split-R-hat is at most this", low=1.0),
-    Hyperparameter("ess_min", float, fidelity.ESS_MIN, "converged only when the smallest bulk ESS is at least this", low=0.0),
+    Hyperparameter(
+        "seed", int, 0, "the reference trial's seed (its data, initialisations, draws)", low=0, high=2**31 - 1
+    ),
+    Hyperparameter(
+        "rhat_max", float, fidelity.RHAT_MAX, "converged only when the largest split-R-hat is at most this", low=1.0
+    ),
+    Hyperparameter(
+        "ess_min", float, fidelity.ESS_MIN, "converged only when the smallest bulk ESS is at least this", low=0.0
+    ),
 )
 """The reference's own settings; every HMC hyperparameter but ``n_chains`` may be given too."""
 
@@ -166,7 +171,9 @@ class Reference:
         for name, pooled in self.pooled.items():
             for chain, values in [(-1, pooled)] + list(enumerate(self.chains[name])):
                 if columns is None:
-                    columns = [f"p{k}" for k in range(values.shape[1])] if self.task == "classification" else ["mean", "std"]
+                    columns = (
+                        [f"p{k}" for k in range(values.shape[1])] if self.task == "classification" else ["mean", "std"]
+                    )
                 frame = pd.DataFrame(values, columns=columns)
                 frame.insert(0, "example", np.arange(len(frame)))
                 frame.insert(0, "chain", chain)
@@ -181,7 +188,9 @@ class Reference:
             "noise_floor": self.noise_floor,
             "cost": self.cost,
         }
-        return table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: json.dumps(meta, default=str).encode()})
+        return table.replace_schema_metadata(
+            {**(table.schema.metadata or {}), METADATA_KEY: json.dumps(meta, default=str).encode()}
+        )
 
     @classmethod
     def from_table(cls, table: pa.Table) -> Reference:

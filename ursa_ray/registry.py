@@ -74,7 +74,9 @@ class Catalogue:
                 raise RegistryError(entry.broken_message(self.kind))
             return entry.item
         allowed = ", ".join(self.usable)
-        raise RegistryError(f"unknown {self.kind} {name!r}; allowed: {allowed}, or an import path package.module:Attribute")
+        raise RegistryError(
+            f"unknown {self.kind} {name!r}; allowed: {allowed}, or an import path package.module:Attribute"
+        )
 
 
 def build_catalogue(kind: str, builtins: dict[str, Any]) -> Catalogue:

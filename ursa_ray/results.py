@@ -100,10 +100,12 @@ class DamagedPart(ValueError):
     def __init__(self, part: str, why: str, trial_id: str | None):
         self.part, self.why, self.trial_id = part, why, trial_id
         if trial_id is not None:
-            recover = (f"`ursa-ray run` on this directory removes it and reruns trial {trial_id}")
+            recover = f"`ursa-ray run` on this directory removes it and reruns trial {trial_id}"
         else:
-            recover = ("it holds rows of several trials, so which to rerun cannot be told: restore it from a copy, "
-                       "or delete it and rerun the grid into a new --out")
+            recover = (
+                "it holds rows of several trials, so which to rerun cannot be told: restore it from a copy, "
+                "or delete it and rerun the grid into a new --out"
+            )
         super().__init__(f"{part}: damaged Parquet part file ({why}); {recover}")
 
 
@@ -171,7 +173,9 @@ class Location:
         if self.is_local:
             return Location(self.fs, str(Path(self.path).parent), str(Path(self.uri).parent))
         base, query, rest = self.uri.partition("?")
-        return Location(self.fs, self.path.rstrip("/").rsplit("/", 1)[0], base.rstrip("/").rsplit("/", 1)[0] + query + rest)
+        return Location(
+            self.fs, self.path.rstrip("/").rsplit("/", 1)[0], base.rstrip("/").rsplit("/", 1)[0] + query + rest
+        )
 
     def __truediv__(self, name: str) -> Location:
         path = f"{self.path.rstrip('/')}/{name}"
@@ -291,7 +295,9 @@ class ResultsDirectory:
         """The trials table, including the rows this object added (read from disk once, then kept up to date)."""
         if self._trials is None:
             folder = self.folder("trials")
-            self._trials = pa.concat_tables(_batches(folder, "trials")) if folder.exists() else TRIAL_SCHEMA.empty_table()
+            self._trials = (
+                pa.concat_tables(_batches(folder, "trials")) if folder.exists() else TRIAL_SCHEMA.empty_table()
+            )
         if self._added_trials:
             replaced = pa.array(list(self._added_trials), pa.string())
             kept = self._trials.filter(pa.compute.invert(pa.compute.is_in(self._trials["trial_id"], replaced)))
@@ -355,8 +361,11 @@ class ResultsDirectory:
         for name in SCHEMAS:
             folder = self.folder(name)
             if folder.exists():
-                damaged += [_damaged(folder, path, why) for path in _part_files(folder)
-                            if (why := _parquet_damage(folder.fs, path)) is not None]
+                damaged += [
+                    _damaged(folder, path, why)
+                    for path in _part_files(folder)
+                    if (why := _parquet_damage(folder.fs, path)) is not None
+                ]
         return damaged
 
     def remove_trial(self, trial_id: str) -> None:
@@ -402,7 +411,7 @@ class ResultsDirectory:
                 report[name] = (len(parts), len(parts))
                 continue
             version = self._new_version(name)
-            index = max((int(p.stem[len(COMPACTED):]) for p in done), default=-1)
+            index = max((int(p.stem[len(COMPACTED) :]) for p in done), default=-1)
             writer, rows, written = None, 0, 0
             for batch in _batches(self.folder(name), name, files=[str(p) for p in merged]):
                 if batch.num_rows == 0:
@@ -443,11 +452,15 @@ class ResultsDirectory:
             parts = _part_files(folder)
             names = [p.rsplit("/", 1)[-1] for p in parts]
             done = [n for n in names if n.startswith(COMPACTED)]
-            merged = [p for p, n in zip(parts, names, strict=True) if n not in done and n.removesuffix(".parquet") not in failed]
+            merged = [
+                p
+                for p, n in zip(parts, names, strict=True)
+                if n not in done and n.removesuffix(".parquet") not in failed
+            ]
             if not merged:
                 report[name] = (len(parts), len(parts))
                 continue
-            index = max((int(n[len(COMPACTED):].removesuffix(".parquet")) for n in done), default=-1)
+            index = max((int(n[len(COMPACTED) :].removesuffix(".parquet")) for n in done), default=-1)
             written: list[str] = []
             pending: list[pa.Table] = []
             for batch in [*_batches(folder, name, files=merged), None]:
@@ -553,9 +566,11 @@ def _batches(
     files = _part_files(folder) if files is None else files
     yield SCHEMAS[name].empty_table().select(columns or SCHEMAS[name].names)
     for start in range(0, len(files), PARTS_PER_READ):
-        some = files[start:start + PARTS_PER_READ]
+        some = files[start : start + PARTS_PER_READ]
         try:
-            yield pads.dataset(some, filesystem=folder.fs, schema=SCHEMAS[name], format="parquet").to_table(columns=columns)
+            yield pads.dataset(some, filesystem=folder.fs, schema=SCHEMAS[name], format="parquet").to_table(
+                columns=columns
+            )
         except (pa.ArrowInvalid, OSError) as exc:
             raise _first_damaged(folder, some, exc) from None
 
@@ -567,7 +582,11 @@ def _part_files(folder: Location) -> list[str]:
     if folder.fs.get_file_info(folder.path).type == pafs.FileType.File:
         return [folder.path]
     infos = folder.fs.get_file_info(pafs.FileSelector(folder.path))
-    names = {i.base_name: i.path for i in infos if i.base_name.endswith(".parquet") and not i.base_name.startswith((".", "_"))}
+    names = {
+        i.base_name: i.path
+        for i in infos
+        if i.base_name.endswith(".parquet") and not i.base_name.startswith((".", "_"))
+    }
     manifest = None if folder.is_local else _read_manifest(folder)
     if manifest is not None:
         listed, replaced = set(manifest["compacted"]), set(manifest["replaced"])

@@ -102,7 +102,9 @@ def parse_search_settings(path: str, raw: Any, fail: Fail) -> SearchSettings | N
             return None
         ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
         if isinstance(value, bool) or not ok or value <= 0:
-            raise fail(path, f"search.{key}", f"expected a positive {'integer' if integer else 'number'}, got {value!r}")
+            raise fail(
+                path, f"search.{key}", f"expected a positive {'integer' if integer else 'number'}, got {value!r}"
+            )
         return value
 
     n_trials = positive("n_trials", True)

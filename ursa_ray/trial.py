@@ -23,11 +23,11 @@ import torch
 from torch import Tensor
 
 from ursa_ray import data, methods, models, reference
-from ursa_ray.methods import batched
 from ursa_ray.evaluation import (
     ClassificationPredictive,
     RegressionPredictive,
     classification_metrics,
+    fidelity,
     ood_metrics,
     regression_metrics,
 )
@@ -44,12 +44,12 @@ from ursa_ray.evaluation.adversarial import (
     examples_to_bytes,
     set_name,
 )
-from ursa_ray.evaluation import fidelity
 from ursa_ray.evaluation.corruptions import corrupt
 from ursa_ray.evaluation.precision import evaluation_precision, keep_output_layer_float32
-from ursa_ray.methods._training import autocast_dtype, default_precision
 from ursa_ray.evaluation.predictions import prediction_table
 from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time, evaluate_at_bit_depths
+from ursa_ray.methods import batched
+from ursa_ray.methods._training import autocast_dtype, default_precision
 from ursa_ray.methods.base import Categorical, Gaussian, Problem
 from ursa_ray.results import Location
 
@@ -103,7 +103,10 @@ def validation_split(n: int, fraction: float, seed: int) -> tuple[Tensor, Tensor
 
 def predict(predictor: Any, x: Tensor, precision: torch.dtype | None = None) -> Tensor:
     """Outputs of one posterior sample on ``x`` in batches, as float32, under autocast to ``precision``."""
-    with torch.no_grad(), torch.autocast(x.device.type, dtype=precision or torch.float32, enabled=precision is not None):
+    with (
+        torch.no_grad(),
+        torch.autocast(x.device.type, dtype=precision or torch.float32, enabled=precision is not None),
+    ):
         out = torch.cat([predictor(x[i : i + EVAL_BATCH]).float() for i in range(0, x.shape[0], EVAL_BATCH)])
     if not torch.isfinite(out).all():
         raise FloatingPointError("the network produced non-finite outputs")
@@ -355,7 +358,9 @@ class TrialRun:
         self.setup_s = time.perf_counter() - start_wall
 
         if ds.task == "classification":
-            self.accumulators = {k: ClassificationPredictive(x.shape[0], ds.n_outputs, device) for k, (x, _) in eval_sets.items()}
+            self.accumulators = {
+                k: ClassificationPredictive(x.shape[0], ds.n_outputs, device) for k, (x, _) in eval_sets.items()
+            }
         else:
             self.accumulators = {k: RegressionPredictive(x.shape[0], device) for k, (x, _) in eval_sets.items()}
         # the final phase also evaluates each classification sample with its weights stored at lower bit depths
@@ -386,14 +391,14 @@ class TrialRun:
             self.transfer = load_transfer_attack(spec, ds, device)
             if spec.get("transfer_source"):  # its transfer sets: examples crafted on a network of its own
                 tick = time.perf_counter()
-                examples = train_transfer_source(
-                    spec, ds, self.method, self.problem, build, eval_sets["test"], seeds
-                )
+                examples = train_transfer_source(spec, ds, self.method, self.problem, build, eval_sets["test"], seeds)
                 self.transfer_examples = examples_to_bytes(examples)
                 self.transfer = AdversarialPredictives(examples, ds.n_outputs)
                 self.attack_s += time.perf_counter() - tick
 
-    def observe(self, predictor: Any, progress: Callable[[int, dict[str, float], dict[str, float]], None] | None = None) -> None:
+    def observe(
+        self, predictor: Any, progress: Callable[[int, dict[str, float], dict[str, float]], None] | None = None
+    ) -> None:
         """Add one posterior sample to every accumulator (and the attack's kept samples), timing each part."""
         precision, eval_sets = self.precision, self.eval_sets
         self.last_predictor = predictor
@@ -454,7 +459,7 @@ class TrialRun:
                 values.update({f"transfer:{name}": table for name, table in transfer.metrics().items()})
                 adversarial_tables.update({f"transfer:{name}": table for name, table in transfer.tables().items()})
             self.attack_s += time.perf_counter() - tick
-        for name, (x, y) in eval_sets.items():
+        for name, (_, y) in eval_sets.items():
             if y is not None:
                 values[name] = _evaluate(ds, accumulators[name], y, name)
         if spec["phase"] == "final":
@@ -587,7 +592,9 @@ def run_trials_batched(specs: list[Mapping[str, Any]], device: torch.device | No
     return outcomes
 
 
-def _fidelity(spec: Mapping[str, Any], ds: data.base.Dataset, accumulators: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+def _fidelity(
+    spec: Mapping[str, Any], ds: data.base.Dataset, accumulators: Mapping[str, Any]
+) -> dict[str, dict[str, float]]:
     """``fidelity:SET`` metrics of the trial's predictive on the test and OOD sets against its cell's stored
     reference (:meth:`ursa_ray.reference.Reference.metrics`), found by fingerprint in ``spec["references_dir"]``;
     none when no reference with this cell's fingerprint is stored (its reference trial failed)."""
@@ -611,7 +618,10 @@ def run_reference_trial(spec: Mapping[str, Any], device: torch.device | None = N
         for name, floor in ref.noise_floor.items()
     }
     values["cost"] = {**ref.cost, "computed": float(computed)}
-    base = {k: spec[k] for k in ("trial_id", "model", "dataset", "phase")} | {"method": spec["label"], "seed": int(spec["seed"])}
+    base = {k: spec[k] for k in ("trial_id", "model", "dataset", "phase")} | {
+        "method": spec["label"],
+        "seed": int(spec["seed"]),
+    }
     outcome = TrialOutcome(record={})
     outcome.metrics = [
         {**base, "eval_set": eval_set, "metric": metric, "value": float(value)}
@@ -628,7 +638,9 @@ def run_reference_trial(spec: Mapping[str, Any], device: torch.device | None = N
         "device": str(device or pick_device(spec["resources"]["gpu"])),
         "grad_evals": float(ref.cost.get("grad_evals", math.nan)) if computed else 0.0,
         "accept_rate": float(ref.cost.get("accept_rate", math.nan)),
-        "method_stats": json.dumps({"fingerprint": ref.fingerprint, "computed": computed, **ref.convergence.as_metrics()}, sort_keys=True),
+        "method_stats": json.dumps(
+            {"fingerprint": ref.fingerprint, "computed": computed, **ref.convergence.as_metrics()}, sort_keys=True
+        ),
         "transfer_from": "",
         "seeds_in_trial": 1,
     }
@@ -654,8 +666,11 @@ def _points(spec: Mapping[str, Any], ds: data.base.Dataset, pred: RegressionPred
 
     complexity = float(spec["complexity"]) if spec["complexity"] is not None else math.nan
     where = {"complexity": complexity, "repetition": int(spec["seed"])}
-    frames = [points_frame(ds, pred.mean, pred.std, method=spec["label"], model=spec["model"],
-                           trial_id=spec["trial_id"], **where)]
+    frames = [
+        points_frame(
+            ds, pred.mean, pred.std, method=spec["label"], model=spec["model"], trial_id=spec["trial_id"], **where
+        )
+    ]
     if ds.feature_map is not None:
         anchor_id = f"blr-{spec['dataset']}-c{complexity:g}-s{spec['seed']}"
         frames.append(anchor_points(ds, trial_id=anchor_id, **where))
@@ -681,7 +696,11 @@ def _run_reference(run: TrialRun, spec: Mapping[str, Any], settings: Mapping[str
     n_outputs = run.ds.n_outputs
 
     def accumulator(n: int) -> Any:
-        return ClassificationPredictive(n, n_outputs, run.device) if task == "classification" else RegressionPredictive(n, run.device)
+        return (
+            ClassificationPredictive(n, n_outputs, run.device)
+            if task == "classification"
+            else RegressionPredictive(n, run.device)
+        )
 
     per_chain = {name: [accumulator(x.shape[0]) for _ in range(n_chains)] for name, (x, _) in run.eval_sets.items()}
     draws: list[list[np.ndarray]] = [[] for _ in range(n_chains)]
@@ -751,7 +770,9 @@ def stored_or_computed(
     """The cell's reference from the ``references`` folder when one with its fingerprint is stored there, else
     computed and stored (atomically); the second value says whether it was computed."""
     run = TrialRun(reference.reference_spec(spec, settings), device)
-    where = reference.reference_location(references, reference.fingerprint(spec, settings, reference.data_digest(run.ds)))
+    where = reference.reference_location(
+        references, reference.fingerprint(spec, settings, reference.data_digest(run.ds))
+    )
     if where.exists():
         return reference.read_reference(where), False
     computed = _run_reference(run, spec, settings)

@@ -99,24 +99,32 @@ def parse_file_settings(raw: Any, base: Path) -> dict[str, Any]:
             raise FileDatasetError(str(key), f"unknown key; allowed: {', '.join(FILE_KEYS)}")
     fmt = raw.get("format")
     if fmt not in FORMATS:
-        raise FileDatasetError("format", f"{'required' if fmt is None else f'unknown format {fmt!r}'}; allowed: {', '.join(FORMATS)}")
+        raise FileDatasetError(
+            "format", f"{'required' if fmt is None else f'unknown format {fmt!r}'}; allowed: {', '.join(FORMATS)}"
+        )
     for other, keys in FORMAT_KEYS.items():
         for key in keys:
             if key in raw and other != fmt:
                 raise FileDatasetError(key, f"only for format {other}, not {fmt}")
     task = raw.get("task")
     if task not in TASKS:
-        raise FileDatasetError("task", f"{'required' if task is None else f'unknown task {task!r}'}; allowed: {', '.join(TASKS)}")
+        raise FileDatasetError(
+            "task", f"{'required' if task is None else f'unknown task {task!r}'}; allowed: {', '.join(TASKS)}"
+        )
     if fmt == "image_folder" and task != "classification":
         raise FileDatasetError("task", "format image_folder holds one folder per class: classification only")
     out: dict[str, Any] = {"format": fmt, "path": _path(raw.get("path"), base, "path"), "task": task}
     if task == "regression":
         noise = raw.get("noise_std")
         if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not np.isfinite(noise) or noise <= 0:
-            raise FileDatasetError("noise_std", f"a regression set needs the known observation noise std, a number > 0; got {noise!r}")
+            raise FileDatasetError(
+                "noise_std", f"a regression set needs the known observation noise std, a number > 0; got {noise!r}"
+            )
         out["noise_std"] = float(noise)
         if "ood" in raw:
-            raise FileDatasetError("ood", "only for task classification (a regression set's test inputs are its evaluation)")
+            raise FileDatasetError(
+                "ood", "only for task classification (a regression set's test inputs are its evaluation)"
+            )
     elif "noise_std" in raw:
         raise FileDatasetError("noise_std", "only for task regression")
     if fmt == "parquet":
@@ -205,13 +213,17 @@ def _existing(path: Path, field: str, folder: bool = False) -> Path:
     if not path.exists():
         raise FileDatasetError(field, f"no such {'folder' if folder else 'file'}: {path}")
     if folder and not path.is_dir():
-        raise FileDatasetError(field, f"not a folder: {path} (format image_folder names a folder with train/ and test/)")
+        raise FileDatasetError(
+            field, f"not a folder: {path} (format image_folder names a folder with train/ and test/)"
+        )
     if not folder and not path.is_file():
         raise FileDatasetError(field, f"not a file: {path}")
     return path
 
 
-def _read_npz(settings: Mapping[str, Any], path: Path, field: str, parts: tuple[str, ...], like: _Parts | None) -> _Parts:
+def _read_npz(
+    settings: Mapping[str, Any], path: Path, field: str, parts: tuple[str, ...], like: _Parts | None
+) -> _Parts:
     wanted = [a for a in NPZ_ARRAYS if a.split("_")[1] in parts and not (like is not None and a.startswith("y"))]
     if not zipfile.is_zipfile(_existing(path, field)):
         raise FileDatasetError(field, f"{path} is not an .npz archive (a zip of .npy arrays, as numpy.savez writes)")
@@ -221,7 +233,8 @@ def _read_npz(settings: Mapping[str, Any], path: Path, field: str, parts: tuple[
             if missing:
                 holds = "an npz OOD set holds x_test" if like else f"an npz dataset holds {', '.join(NPZ_ARRAYS)}"
                 raise FileDatasetError(
-                    field, f"{path} has no array {', '.join(missing)}; {holds} (found: {', '.join(npz.files) or 'none'})"
+                    field,
+                    f"{path} has no array {', '.join(missing)}; {holds} (found: {', '.join(npz.files) or 'none'})",
                 )
             arrays = {a: npz[a] for a in wanted}
     except FileDatasetError:
@@ -240,13 +253,16 @@ def _npz_inputs(x: np.ndarray, name: str, field: str, images: bool) -> np.ndarra
     if x.ndim not in (2, 3, 4):
         raise FileDatasetError(field, f"{name} has shape {x.shape}; expected {layouts}")
     if 0 in x.shape[1:]:
-        raise FileDatasetError(field, f"{name} has shape {x.shape}: an example of size 0; expected {layouts}, each size >= 1")
+        raise FileDatasetError(
+            field, f"{name} has shape {x.shape}: an example of size 0; expected {layouts}, each size >= 1"
+        )
     if x.ndim == 4:
         if x.shape[1] not in IMAGE_CHANNELS and x.shape[3] in IMAGE_CHANNELS:
             x = x.transpose(0, 3, 1, 2)  # channels last, as PIL and TensorFlow store images
         elif x.shape[1] not in IMAGE_CHANNELS:
             raise FileDatasetError(
-                field, f"{name} has shape {x.shape}: images have 1 (grayscale) or 3 (RGB) channels, first "
+                field,
+                f"{name} has shape {x.shape}: images have 1 (grayscale) or 3 (RGB) channels, first "
                 "(n, channels, height, width) or last (n, height, width, channels)",
             )
     _numeric_finite(x, name, field)
@@ -258,12 +274,15 @@ def _npz_inputs(x: np.ndarray, name: str, field: str, images: bool) -> np.ndarra
         return x.astype(np.float32) / 255.0
     if x.size and (x.min() < 0 or x.max() > 1):
         raise FileDatasetError(
-            field, f"{name}: image pixels must be uint8 (0-255) or numbers in [0, 1]; found values in [{x.min():g}, {x.max():g}]"
+            field,
+            f"{name}: image pixels must be uint8 (0-255) or numbers in [0, 1]; found values in [{x.min():g}, {x.max():g}]",
         )
     return x.astype(np.float32)
 
 
-def _read_parquet(settings: Mapping[str, Any], path: Path, field: str, parts: tuple[str, ...], like: _Parts | None) -> _Parts:
+def _read_parquet(
+    settings: Mapping[str, Any], path: Path, field: str, parts: tuple[str, ...], like: _Parts | None
+) -> _Parts:
     import pandas as pd
     import pyarrow
 
@@ -288,7 +307,9 @@ def _read_parquet(settings: Mapping[str, Any], path: Path, field: str, parts: tu
     part_of = column(split, "split").astype(str)
     unknown = sorted(set(part_of) - set(SPLITS))
     if unknown:
-        raise FileDatasetError(field if ood else "split", f"column {split!r} of {path} may hold only train or test; found {unknown[:5]}")
+        raise FileDatasetError(
+            field if ood else "split", f"column {split!r} of {path} may hold only train or test; found {unknown[:5]}"
+        )
     if ood:
         features = like.columns
     else:
@@ -310,7 +331,9 @@ def _read_parquet(settings: Mapping[str, Any], path: Path, field: str, parts: tu
     return _Parts(x, y, names, fields, images=False, columns=list(features))
 
 
-def _read_image_folder(settings: Mapping[str, Any], path: Path, field: str, parts: tuple[str, ...], like: _Parts | None) -> _Parts:
+def _read_image_folder(
+    settings: Mapping[str, Any], path: Path, field: str, parts: tuple[str, ...], like: _Parts | None
+) -> _Parts:
     from PIL import Image, UnidentifiedImageError
     from torchvision.datasets import ImageFolder
     from torchvision.transforms import v2
@@ -363,7 +386,11 @@ def _folder_labels(folders: Mapping[str, Any], part: str, root: Path, field: str
     return index[np.asarray(folders[part].targets, dtype=np.int64)]
 
 
-_READERS: dict[str, Callable[..., _Parts]] = {"npz": _read_npz, "parquet": _read_parquet, "image_folder": _read_image_folder}
+_READERS: dict[str, Callable[..., _Parts]] = {
+    "npz": _read_npz,
+    "parquet": _read_parquet,
+    "image_folder": _read_image_folder,
+}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -391,7 +418,9 @@ def _check_parts(raw: _Parts) -> None:
         if y.ndim == 2 and y.shape[1] == 1:
             raw.y[part] = y = y[:, 0]
         if y.ndim != 1:
-            raise FileDatasetError(raw.fields["y"], f"{label_name} must hold one label per row, shape ({len(x)},); got {y.shape}")
+            raise FileDatasetError(
+                raw.fields["y"], f"{label_name} must hold one label per row, shape ({len(x)},); got {y.shape}"
+            )
         if len(y) != len(x):
             raise FileDatasetError(raw.fields["y"], f"{label_name} has {len(y)} entries but {name} has {len(x)} rows")
         _numeric_finite(y, label_name, raw.fields["y"])
@@ -413,7 +442,8 @@ def _class_labels(raw: _Parts) -> int:
     largest = raw.y["train"].max()
     if largest >= MAX_CLASSES:
         raise FileDatasetError(
-            field, f"{raw.names['y_train']} holds label {largest:.0f}: at most {MAX_CLASSES:,} classes, labels "
+            field,
+            f"{raw.names['y_train']} holds label {largest:.0f}: at most {MAX_CLASSES:,} classes, labels "
             f"0..{MAX_CLASSES - 1} (is the label an id column?)",
         )
     k = int(largest) + 1
@@ -421,11 +451,13 @@ def _class_labels(raw: _Parts) -> int:
     if k < 2 or absent:
         what = "a single class" if k < 2 else f"no example of class {absent[0]}"
         raise FileDatasetError(
-            field, f"{raw.names['y_train']} has {what}; labels must be 0..K-1 with every class in training (K = largest label + 1 = {k})"
+            field,
+            f"{raw.names['y_train']} has {what}; labels must be 0..K-1 with every class in training (K = largest label + 1 = {k})",
         )
     if raw.y["test"].max() >= k:
         raise FileDatasetError(
-            field, f"{raw.names['y_test']} holds label {int(raw.y['test'].max())}, outside the training labels 0..{k - 1}"
+            field,
+            f"{raw.names['y_test']} holds label {int(raw.y['test'].max())}, outside the training labels 0..{k - 1}",
         )
     return k
 
@@ -476,7 +508,11 @@ def load_file_dataset(
                 f"{other.names['x_test']} has input shape {other.x['test'].shape[1:]}, the dataset {raw.x['train'].shape[1:]}",
             )
         ood[ood_name] = _normalise(other.x["test"], mean, std, raw.images)
-    targets = (lambda y: torch.from_numpy(y.astype(np.int64))) if classification else (lambda y: torch.from_numpy(y.astype(np.float32)))
+    targets = (
+        (lambda y: torch.from_numpy(y.astype(np.int64)))
+        if classification
+        else (lambda y: torch.from_numpy(y.astype(np.float32)))
+    )
     train_x = _normalise(raw.x["train"], mean, std, raw.images)
     return Dataset(
         name=name,

@@ -159,13 +159,17 @@ def load_csbm(options: Mapping[str, Any], ood_names: tuple[str, ...], root: Path
     """``csbm`` with its options (the graph and split fixed by ``graph_seed``, whatever the trial's seed)."""
     o = {h.name: h.default for h in CSBM_OPTIONS} | dict(options)
     if o["n_nodes"] < 2 * o["n_classes"] * TRAIN_PER_CLASS:
-        raise ValueError(f"csbm: n_nodes must be at least {2 * o['n_classes'] * TRAIN_PER_CLASS} (20 training nodes a class, as many to test)")
+        raise ValueError(
+            f"csbm: n_nodes must be at least {2 * o['n_classes'] * TRAIN_PER_CLASS} (20 training nodes a class, as many to test)"
+        )
     features, labels, edges = csbm(
         o["n_nodes"], o["n_classes"], o["n_features"], o["p_in"], o["p_out"], o["separation"], o["graph_seed"]
     )
     rng = np.random.default_rng(o["graph_seed"] + 1)
     train, test = planetoid_split(labels, o["n_classes"] - o["left_out_classes"], rng)
-    return graph_dataset("csbm", features, labels, edges, train, test, o["left_out_classes"], ood_names, o["graph_seed"])
+    return graph_dataset(
+        "csbm", features, labels, edges, train, test, o["left_out_classes"], ood_names, o["graph_seed"]
+    )
 
 
 def planetoid_path(root: Path, name: str) -> Path:
@@ -183,7 +187,9 @@ def check_planetoid(name: str, root: Path, ood_names: tuple[str, ...]) -> None:
     with np.load(path, allow_pickle=False) as npz:
         missing = [a for a in PLANETOID_ARRAYS if a not in npz.files]
     if missing:
-        raise DatasetMissing(f"{name}: {path} has no array {', '.join(missing)}; a Planetoid-layout npz holds {', '.join(PLANETOID_ARRAYS)}")
+        raise DatasetMissing(
+            f"{name}: {path} has no array {', '.join(missing)}; a Planetoid-layout npz holds {', '.join(PLANETOID_ARRAYS)}"
+        )
 
 
 def load_planetoid(
@@ -197,11 +203,21 @@ def load_planetoid(
     train = np.flatnonzero(arrays["train_mask"].astype(bool))
     test = np.flatnonzero(arrays["test_mask"].astype(bool))
     return graph_dataset(
-        name, arrays["features"], arrays["labels"].astype(np.int64), arrays["edges"], train, test, left_out, ood_names, 0
+        name,
+        arrays["features"],
+        arrays["labels"].astype(np.int64),
+        arrays["edges"],
+        train,
+        test,
+        left_out,
+        ood_names,
+        0,
     )
 
 
-LEFT_OUT = Hyperparameter("left_out_classes", int, 1, "the last k classes, held out of training and testing (OOD)", low=0)
+LEFT_OUT = Hyperparameter(
+    "left_out_classes", int, 1, "the last k classes, held out of training and testing (OOD)", low=0
+)
 CSBM_OPTIONS = (
     Hyperparameter("n_nodes", int, 1000, "nodes", low=2),
     Hyperparameter("n_classes", int, 5, "classes K (equal sizes)", low=2),
@@ -230,7 +246,7 @@ DATASETS = (
             description=f"{name} citation graph from DATA_ROOT/planetoid/{name}.npz (Planetoid layout)",
             load=partial(load_planetoid, name),
             ood_sets=OOD_SETS,
-        images=False,
+            images=False,
             options=(LEFT_OUT,),
             check=partial(check_planetoid, name),
         )

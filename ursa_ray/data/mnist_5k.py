@@ -48,9 +48,7 @@ def split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
     features, labels = mnist_data()
     images = (features / 255.0).astype(np.float32).reshape(-1, FRAME, FRAME)
-    return tuple(
-        train_test_split(images, labels, test_size=N_TEST, stratify=labels, random_state=SPLIT_SEED)
-    )
+    return tuple(train_test_split(images, labels, test_size=N_TEST, stratify=labels, random_state=SPLIT_SEED))
 
 
 def _digits_upscaled() -> np.ndarray:

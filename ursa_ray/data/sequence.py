@@ -63,8 +63,14 @@ def _ood(name: str, ood_name: str, test_images: np.ndarray) -> np.ndarray:
 
 
 def load_sequence_digits(
-    name: str, options: Mapping[str, Any], ood_names: tuple[str, ...], root: Path, download: bool, seed: int,
-    *, imbalanced: bool = False,
+    name: str,
+    options: Mapping[str, Any],
+    ood_names: tuple[str, ...],
+    root: Path,
+    download: bool,
+    seed: int,
+    *,
+    imbalanced: bool = False,
 ) -> Dataset:
     """The images of ``name``'s source (rows as time steps), normalised as the source normalises them."""
     if name == "digits_seq":

@@ -141,8 +141,11 @@ class FeatureMap:
 
 def inputs_seed(experiment: str, complexity: float) -> int:
     """The fixed seed of the training inputs of one (experiment, complexity)."""
-    return int(np.random.SeedSequence([_DESIGN_TAG, EXPERIMENTS.index(experiment), int(round(1000 * complexity))])
-               .generate_state(1)[0])
+    return int(
+        np.random.SeedSequence(
+            [_DESIGN_TAG, EXPERIMENTS.index(experiment), int(round(1000 * complexity))]
+        ).generate_state(1)[0]
+    )
 
 
 def coefficients_seed(experiment: str) -> int:

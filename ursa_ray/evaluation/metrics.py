@@ -183,7 +183,9 @@ def optimal_temperature(log_probs: np.ndarray, labels: np.ndarray) -> float:
     low, high = np.log(TEMPERATURE_BOUNDS)
     found = minimize_scalar(
         lambda log_t: _tempered_nll(log_probs, labels, float(np.exp(log_t))),
-        bounds=(low, high), method="bounded", options={"xatol": 1e-6},
+        bounds=(low, high),
+        method="bounded",
+        options={"xatol": 1e-6},
     )
     return float(np.exp(found.x))
 
@@ -221,9 +223,7 @@ def _auroc_aupr(is_positive: np.ndarray, score: np.ndarray) -> tuple[float, floa
     return float(roc_auc_score(is_positive, score)), float(average_precision_score(is_positive, score))
 
 
-def misclassification_detection(
-    probs: ArrayLike, labels: ArrayLike, mutual_information: ArrayLike
-) -> dict[str, float]:
+def misclassification_detection(probs: ArrayLike, labels: ArrayLike, mutual_information: ArrayLike) -> dict[str, float]:
     """How well uncertainty scores flag the predictive's own errors (positives = misclassified).
 
     Scores: −max_k p_ik (``maxprob``), the predictive entropy −Σ_k p_ik log p_ik (``entropy``) and the

@@ -73,9 +73,7 @@ class ClassificationPredictive(_OnlineAccumulator):
         expected entropy (a distilled head, see the class docstring) and is summed in place of H[p_s].
         """
         if logits.shape != (self.n_examples, self.n_classes):
-            raise ValueError(
-                f"expected logits of shape {(self.n_examples, self.n_classes)}, got {tuple(logits.shape)}"
-            )
+            raise ValueError(f"expected logits of shape {(self.n_examples, self.n_classes)}, got {tuple(logits.shape)}")
         if expected_entropy is not None and expected_entropy.shape != (self.n_examples,):
             raise ValueError(
                 f"expected expected_entropy of shape ({self.n_examples},), got {tuple(expected_entropy.shape)}"
@@ -143,8 +141,9 @@ class RegressionPredictive(_OnlineAccumulator):
     def update(self, outputs: Tensor) -> None:
         """Add one posterior sample's predicted means, shape (n,) or (n, 1)."""
         if outputs.shape not in ((self.n_examples,), (self.n_examples, 1)):
-            raise ValueError(f"expected outputs of shape ({self.n_examples},) or ({self.n_examples}, 1), "
-                             f"got {tuple(outputs.shape)}")
+            raise ValueError(
+                f"expected outputs of shape ({self.n_examples},) or ({self.n_examples}, 1), got {tuple(outputs.shape)}"
+            )
         with torch.no_grad():
             f = outputs.detach().reshape(-1).to(self.device, torch.float64)
             self._n_samples += 1

@@ -27,10 +27,13 @@ def momentum_step(
 
     All three arrays: contiguous 1-D, one float dtype, one length (the scalars are cast to that dtype)."""
     if not (theta.shape == velocity.shape == grad.shape and theta.ndim == 1):
-        raise ValueError(f"theta, velocity and grad must be 1-D of one length, got {theta.shape}, "
-                         f"{velocity.shape}, {grad.shape}")
+        raise ValueError(
+            f"theta, velocity and grad must be 1-D of one length, got {theta.shape}, {velocity.shape}, {grad.shape}"
+        )
     if not (theta.dtype == velocity.dtype == grad.dtype) or theta.dtype not in (np.float32, np.float64):
-        raise ValueError(f"theta, velocity and grad must share a float32/float64 dtype, got {theta.dtype}, "
-                         f"{velocity.dtype}, {grad.dtype}")
+        raise ValueError(
+            f"theta, velocity and grad must share a float32/float64 dtype, got {theta.dtype}, "
+            f"{velocity.dtype}, {grad.dtype}"
+        )
     scalar = theta.dtype.type
     _momentum_step(theta, velocity, grad, scalar(keep), scalar(lr), scalar(decay))

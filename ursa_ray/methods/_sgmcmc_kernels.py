@@ -166,11 +166,15 @@ def momentum_step_(theta: Tensor, velocity: Tensor, grad: Tensor, keep: float, l
         kernels[1](theta.numpy(), velocity.numpy(), grad.numpy(), keep, lr, decay)
     else:
         if not (theta.shape == velocity.shape == grad.shape and theta.ndim == 1):
-            raise ValueError(f"theta, velocity and grad must be 1-D of one length, got {tuple(theta.shape)}, "
-                             f"{tuple(velocity.shape)}, {tuple(grad.shape)}")
+            raise ValueError(
+                f"theta, velocity and grad must be 1-D of one length, got {tuple(theta.shape)}, "
+                f"{tuple(velocity.shape)}, {tuple(grad.shape)}"
+            )
         if not (theta.dtype == velocity.dtype == grad.dtype):
-            raise ValueError(f"theta, velocity and grad must share a float32/float64 dtype, got {theta.dtype}, "
-                             f"{velocity.dtype}, {grad.dtype}")
+            raise ValueError(
+                f"theta, velocity and grad must share a float32/float64 dtype, got {theta.dtype}, "
+                f"{velocity.dtype}, {grad.dtype}"
+            )
         velocity.mul_(keep).add_(grad, alpha=-lr).add_(theta, alpha=-decay)
         theta.add_(velocity)
 

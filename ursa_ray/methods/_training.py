@@ -144,15 +144,21 @@ def train_sgd(
     ``problem.training_precision`` (:func:`autocast_body`), the update with the fused kernel on a GPU.
     """
     optimiser = torch.optim.SGD(
-        model.parameters(), lr=config["lr"], momentum=config["momentum"], weight_decay=config["weight_decay"],
+        model.parameters(),
+        lr=config["lr"],
+        momentum=config["momentum"],
+        weight_decay=config["weight_decay"],
         **optimiser_options(problem.device),
     )
     if loss_fn is None:
+
         def loss_at(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
             return problem.likelihood.nll(model(xb).float(), yb)
     else:
+
         def loss_at(xb: Tensor, yb: Tensor, progress: float) -> Tensor:
             return loss_fn(model, xb, yb).float()
+
     model.train()
     epochs = config["epochs"] if epochs is None else epochs
     steps, _ = minimise(
@@ -184,7 +190,12 @@ def train_adam(
 
     model.train()
     steps, loss = minimise(
-        problem.minibatches, problem.n_train, config, optimiser, config["epochs"], loss_at,
+        problem.minibatches,
+        problem.n_train,
+        config,
+        optimiser,
+        config["epochs"],
+        loss_at,
         precision=problem.training_precision,
     )
     stats["grad_evals"] = stats.get("grad_evals", 0.0) + steps

@@ -114,7 +114,9 @@ class Problem:
 
     def __post_init__(self) -> None:
         if self.training_precision not in (None, torch.bfloat16):
-            raise ValueError(f"training_precision must be None (float32) or torch.bfloat16, got {self.training_precision}")
+            raise ValueError(
+                f"training_precision must be None (float32) or torch.bfloat16, got {self.training_precision}"
+            )
 
     @property
     def n_train(self) -> int:
@@ -185,7 +187,9 @@ class Hyperparameter:
         if self.choices is not None:
             bounds = f" one of {list(self.choices)}"
         elif self.low is not None or self.high is not None:
-            bounds = f" in [{self.low if self.low is not None else '-inf'}, {self.high if self.high is not None else 'inf'}]"
+            bounds = (
+                f" in [{self.low if self.low is not None else '-inf'}, {self.high if self.high is not None else 'inf'}]"
+            )
         renamed = f" (formerly {', '.join(self.formerly)})" if self.formerly else ""
         return f"{self.name} ({self.kind.__name__}{bounds}, default {self.default!r}): {self.doc}{renamed}"
 
@@ -354,5 +358,3 @@ def load_flat_parameters(model: nn.Module, vector: Tensor) -> None:
             n = p.numel()
             p.copy_(view_as_parameter(vector[offset : offset + n], p))
             offset += n
-
-

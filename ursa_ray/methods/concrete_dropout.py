@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, StorageCount, n_parameters
 from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, replace_module, train_adam
+from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, StorageCount, n_parameters
 from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, train_adam_copies
 
 _EPS = 1e-7
@@ -137,8 +137,11 @@ def stacked_concrete_regulariser(
     terms, each reduced over all but the copy dimension, shape (C,)."""
     names = {id(p): name for name, p in model.named_parameters()}
     plan = [
-        (None if d is None else names[id(d.p_logit)], None if d is None else d.in_features,
-         [names[id(w)] for w in layer.parameters()])
+        (
+            None if d is None else names[id(d.p_logit)],
+            None if d is None else d.in_features,
+            [names[id(w)] for w in layer.parameters()],
+        )
         for d, layer in pairs
     ]
     rest = [names[id(w)] for w in uncovered]
@@ -175,9 +178,12 @@ class ConcreteDropoutMethod:
     hyperparameters = ADAM_HYPERPARAMETERS + (
         Hyperparameter("init_p", float, 0.1, "initial dropout rate of every layer", low=1e-4, high=0.9),
         Hyperparameter(
-            "relaxation_temperature", float, 0.1,
+            "relaxation_temperature",
+            float,
+            0.1,
             "t of the concrete (relaxed Bernoulli) relaxation of the dropout masks; tempers no posterior",
-            low=1e-3, formerly=("temperature",),
+            low=1e-3,
+            formerly=("temperature",),
         ),
         Hyperparameter("length_scale", float, 1.0, "prior length-scale l: weights ~ N(0, 1/l²)", low=0.0),
         Hyperparameter("n_samples", int, 50, "stochastic forward passes", low=1),
@@ -196,7 +202,10 @@ class ConcreteDropoutMethod:
             model(problem.x[:2])
         uncovered = uncovered_parameters(pairs, model)
         train_adam(
-            model, problem, config, stats,
+            model,
+            problem,
+            config,
+            stats,
             lambda progress: concrete_regulariser(pairs, uncovered, config["length_scale"], problem.n_train),
         )
         rates = [float(d.p.detach()) for d, _ in pairs if d is not None]

@@ -54,6 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from ursa_ray.evaluation.precision import Float32Linear
+from ursa_ray.methods._training import autocast_body, optimiser_options
 from ursa_ray.methods.base import (
     Constraint,
     Hyperparameter,
@@ -62,7 +63,6 @@ from ursa_ray.methods.base import (
     check_constraints,
     one_network_storage,
 )
-from ursa_ray.methods._training import autocast_body, optimiser_options
 from ursa_ray.methods.batched import CopyData, StackedNetworks
 from ursa_ray.methods.sgmcmc import CHAIN_CONSTRAINTS, LangevinChain, LangevinCopies, _common, _steps_per_epoch
 
@@ -72,14 +72,19 @@ def _hyperparameters(distill_every: int) -> tuple[Hyperparameter, ...]:
         Hyperparameter("epochs", int, 150, "teacher epochs in all, burn-in included", low=1),
         Hyperparameter("burn_in_epochs", int, 50, "teacher epochs before the student starts learning", low=0),
         Hyperparameter(
-            "distill_every", int, distill_every,
+            "distill_every",
+            int,
+            distill_every,
             "teacher steps between two student steps after burn-in (each distils the teacher's current sample)",
             low=1,
         ),
         Hyperparameter("student_lr", float, 1e-3, "Adam learning rate of the student", low=0.0),
         Hyperparameter(
-            "input_noise_std", float, 0.1,
-            "std of the Gaussian noise added to the student's training inputs (its data D')", low=0.0,
+            "input_noise_std",
+            float,
+            0.1,
+            "std of the Gaussian noise added to the student's training inputs (its data D')",
+            low=0.0,
         ),
     )
 
@@ -227,7 +232,9 @@ class StudentTrainer:
     def __init__(self, student: nn.Module, loss: StudentLoss, problem: Problem, config: Mapping[str, Any]):
         self.student, self.loss, self.problem = student, loss, problem
         self.batch_size, self.noise_std = config["batch_size"], config["input_noise_std"]
-        self.optimiser = torch.optim.Adam(student.parameters(), lr=config["student_lr"], **optimiser_options(problem.device))
+        self.optimiser = torch.optim.Adam(
+            student.parameters(), lr=config["student_lr"], **optimiser_options(problem.device)
+        )
         seed = int(torch.randint(0, 2**62, (1,), generator=problem.generator))
         self.generator = torch.Generator(problem.device).manual_seed(seed)
         self.steps = 0
@@ -235,8 +242,9 @@ class StudentTrainer:
 
     def inputs(self) -> Tensor:
         """One mini-batch of the student's data D': perturbed training inputs."""
-        index = torch.randint(0, self.problem.n_train, (self.batch_size,), generator=self.generator,
-                              device=self.problem.device)
+        index = torch.randint(
+            0, self.problem.n_train, (self.batch_size,), generator=self.generator, device=self.problem.device
+        )
         x = self.problem.x[index]
         if self.problem.augment is not None:
             x = self.problem.augment(x, self.generator)  # the student's own stream, never the teacher's

@@ -136,13 +136,9 @@ class DeepEnsemble:
         n_members = config["n_samples"]
         owners = [k for k in range(len(problems)) for _ in range(n_members)]  # copy -> its problem
         generators = [g for problem in problems for g in copy_generators(problem, n_members)]
-        models = [
-            first if (first is not None and c == 0) else problems[k].make_model() for c, k in enumerate(owners)
-        ]
+        models = [first if (first is not None and c == 0) else problems[k].make_model() for c, k in enumerate(owners)]
         n = problems[0].n_train
-        rows = [
-            torch.randint(n, (n,), generator=g, device="cpu") if config["bootstrap"] else None for g in generators
-        ]
+        rows = [torch.randint(n, (n,), generator=g, device="cpu") if config["bootstrap"] else None for g in generators]
         data = CopyData.from_problems([problems[k] for k in owners], generators, rows)
         stacked = StackedNetworks(models)
         likelihood = problems[0].likelihood

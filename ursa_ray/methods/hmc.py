@@ -55,8 +55,6 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from ursa_ray.methods._sgmcmc_kernels import FlatModel
-from ursa_ray.methods.batched import MAX_BATCHED_PARAMETERS, StackedNetworks, copy_generators
-from ursa_ray.methods.chains import ChainTrace
 from ursa_ray.methods.base import (
     Hyperparameter,
     Predictor,
@@ -65,6 +63,8 @@ from ursa_ray.methods.base import (
     load_flat_parameters,
     sample_networks_storage,
 )
+from ursa_ray.methods.batched import MAX_BATCHED_PARAMETERS, StackedNetworks, copy_generators
+from ursa_ray.methods.chains import ChainTrace
 
 
 def make_potential(
@@ -407,7 +407,9 @@ class HMC:
             "step_jitter", float, 0.1, "ε drawn uniformly from ε·[1 − j, 1 + j] each iteration", low=0.0, high=0.9
         ),
         Hyperparameter(
-            "n_chains", int, 1,
+            "n_chains",
+            int,
+            1,
             "independent chains (own initialisation and random streams), run as one batched computation; "
             "their samples are pooled (n_chains · n_samples in all)",
             low=1,

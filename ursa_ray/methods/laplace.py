@@ -63,7 +63,6 @@ from torch import Tensor, nn
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
-from ursa_ray.methods.batched import CopyData, StackedNetworks, train_sgd_copies
 from ursa_ray.methods.base import (
     Constraint,
     Hyperparameter,
@@ -73,6 +72,7 @@ from ursa_ray.methods.base import (
     check_constraints,
     n_parameters,
 )
+from ursa_ray.methods.batched import CopyData, StackedNetworks, train_sgd_copies
 
 if TYPE_CHECKING:
     from laplace.baselaplace import ParametricLaplace
@@ -125,7 +125,9 @@ LAPLACE_HYPERPARAMETERS = (
 def _kron_prior(config: Mapping[str, Any], n_train: int | None) -> str | None:
     """laplace-torch's Kronecker-factored posterior takes a scalar or per-layer prior precision."""
     if (config["optimize_prior_precision"], config["hessian_structure"], config["prior_structure"]) != (
-        "marglik", "kron", "diag"
+        "marglik",
+        "kron",
+        "diag",
     ):
         return None
     return (
@@ -137,7 +139,9 @@ def _kron_prior(config: Mapping[str, Any], n_train: int | None) -> str | None:
 def _last_layer_prior(config: Mapping[str, Any], n_train: int | None) -> str | None:
     """laplace-torch's last-layer posteriors take a scalar or per-weight prior precision."""
     if (config["optimize_prior_precision"], config["subset_of_weights"], config["prior_structure"]) != (
-        "marglik", "last_layer", "layerwise"
+        "marglik",
+        "last_layer",
+        "layerwise",
     ):
         return None
     return (

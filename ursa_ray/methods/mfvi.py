@@ -88,7 +88,9 @@ class BayesianConv2d(BayesianLayer):
 
     def __init__(self, layer: nn.Conv2d, init_std: float) -> None:
         super().__init__(layer, init_std)
-        self.conv_options = dict(stride=layer.stride, padding=layer.padding, dilation=layer.dilation, groups=layer.groups)
+        self.conv_options = dict(
+            stride=layer.stride, padding=layer.padding, dilation=layer.dilation, groups=layer.groups
+        )
         if layer.padding_mode != "zeros":
             raise ValueError("mfvi supports zero-padded convolutions only")
 
@@ -159,7 +161,9 @@ class MeanFieldVIMethod:
     description = "mean-field VI (Bayes by Backprop): factorised Gaussian weights, local reparameterisation / Flipout"
     hyperparameters = ADAM_HYPERPARAMETERS + (
         Hyperparameter("prior_std", float, 1.0, "s, the std of the Gaussian prior N(0, s²) on every weight", low=1e-6),
-        Hyperparameter("init_std", float, 1e-3, "initial σ of every weight (means start at the model's init)", low=1e-8),
+        Hyperparameter(
+            "init_std", float, 1e-3, "initial σ of every weight (means start at the model's init)", low=1e-8
+        ),
         Hyperparameter("kl_weight", float, 1.0, "β, the weight of the KL term (1 = the ELBO)", low=0.0),
         Hyperparameter("kl_warmup", float, 0.2, "share of training over which β ramps up from 0", low=0.0, high=1.0),
         Hyperparameter("n_samples", int, 30, "weight draws (stochastic forward passes) at test time", low=1),

@@ -63,8 +63,6 @@ from ursa_ray.methods._sgmcmc_kernels import (
     warm_up_kernels,
 )
 from ursa_ray.methods._training import autocast_body
-from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, can_batch, copy_generators
-from ursa_ray.methods.chains import ChainTrace, warm_up_diagnostics
 from ursa_ray.methods.base import (
     Constraint,
     Hyperparameter,
@@ -73,6 +71,8 @@ from ursa_ray.methods.base import (
     check_constraints,
     sample_networks_storage,
 )
+from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, can_batch, copy_generators
+from ursa_ray.methods.chains import ChainTrace, warm_up_diagnostics
 
 
 def _common(lr: float, prior_std: float) -> tuple[Hyperparameter, ...]:
@@ -104,7 +104,11 @@ def _chain(schedule_default: str) -> tuple[Hyperparameter, ...]:
         Hyperparameter("epochs", int, 150, "epochs in all, burn-in included", low=1),
         Hyperparameter("burn_in_epochs", int, 50, "epochs before the first sample", low=0),
         Hyperparameter(
-            "n_samples", int, 100, "samples per chain, evenly spaced over the post-burn-in steps (last at the end)", low=1
+            "n_samples",
+            int,
+            100,
+            "samples per chain, evenly spaced over the post-burn-in steps (last at the end)",
+            low=1,
         ),
         Hyperparameter(
             "n_chains", int, 1, "chains run side by side (batched), their samples pooled; > 1 adds R̂ and ESS", low=1
@@ -126,9 +130,7 @@ def _cycles(epochs_per_cycle: int, samples_per_cycle: int) -> tuple[Hyperparamet
         Hyperparameter(
             "exploration", float, 0.8, "fraction of each cycle run noise-free (exploration stage)", low=0.0, high=0.99
         ),
-        Hyperparameter(
-            "samples_per_cycle", int, samples_per_cycle, "samples taken at the end of each cycle", low=1
-        ),
+        Hyperparameter("samples_per_cycle", int, samples_per_cycle, "samples taken at the end of each cycle", low=1),
     )
 
 
@@ -249,9 +251,7 @@ class _SGMCMC:
         per_cycle = config["samples_per_cycle"]
         spacing = min(steps_per_epoch, sampling // per_cycle)
         samples = [
-            (c + 1) * cycle - (per_cycle - 1 - j) * spacing
-            for c in range(config["n_cycles"])
-            for j in range(per_cycle)
+            (c + 1) * cycle - (per_cycle - 1 - j) * spacing for c in range(config["n_cycles"]) for j in range(per_cycle)
         ]
         return total, (lambda k: cyclical_lr(lr, k, cycle)), (lambda k: k % cycle >= first_noisy), samples
 
@@ -341,7 +341,9 @@ class _SGMCMC:
         total, lr_at, noisy_at, sample_steps = self.plan(problems[0].n_train, config)
         owners = [k for k in range(len(problems)) for _ in range(n_chains)]
         generators = [
-            g for problem in problems for g in ([problem.generator] if n_chains == 1 else copy_generators(problem, n_chains))
+            g
+            for problem in problems
+            for g in ([problem.generator] if n_chains == 1 else copy_generators(problem, n_chains))
         ]
         models = [first if (first is not None and c == 0) else problems[k].make_model() for c, k in enumerate(owners)]
         chains = LangevinCopies(models, generators, problems[0], config, momentum=self.momentum)
@@ -438,6 +440,7 @@ class LangevinChain:
                     momentum_step_(theta, velocity, grad, keep, lr, decay)
         self.steps += 1
         return loss.detach()
+
 
 class LangevinCopies:
     """:class:`LangevinChain` for C copies trained as one batched computation

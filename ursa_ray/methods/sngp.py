@@ -52,7 +52,9 @@ class RandomFeatureGP(nn.Module):
     docstring).  ``precision`` (K or 1, D, D) is the Laplace precision accumulated while
     ``accumulating`` (after :meth:`reset_precision`); :meth:`finalise` turns it into ``covariance``."""
 
-    def __init__(self, in_features: int, n_outputs: int, n_features: int, lengthscale: float, gaussian_noise_std: float | None) -> None:
+    def __init__(
+        self, in_features: int, n_outputs: int, n_features: int, lengthscale: float, gaussian_noise_std: float | None
+    ) -> None:
         super().__init__()
         self.n_outputs, self.n_features = n_outputs, n_features
         self.register_buffer("projection", torch.randn(n_features, in_features) / lengthscale)
@@ -60,7 +62,6 @@ class RandomFeatureGP(nn.Module):
         self.beta = nn.Parameter(torch.zeros(n_outputs, n_features))
         nn.init.normal_(self.beta, std=0.01)
         self.gaussian_noise_std = gaussian_noise_std
-        blocks = 1 if gaussian_noise_std is not None else n_outputs
         self.blocks = 1 if gaussian_noise_std is not None else n_outputs
         # covariance: a float32 buffer, so the network's tensors share one dtype (bit depths, attacks flatten
         # them); precision: float64 training state (sums over N examples), made by reset_precision
@@ -125,7 +126,9 @@ def install_sngp(model: nn.Module, config: Mapping[str, Any], gaussian_noise_std
     for name, m in list(model.named_modules()):
         if isinstance(m, (nn.Linear, nn.Conv2d)) and name != output_name:
             spectral_norm(m)
-    gp = RandomFeatureGP(output.in_features, output.out_features, config["n_features"], config["lengthscale"], gaussian_noise_std)
+    gp = RandomFeatureGP(
+        output.in_features, output.out_features, config["n_features"], config["lengthscale"], gaussian_noise_std
+    )
     replace_module(model, output_name, gp.to(output.weight.device))
     return gp
 
@@ -145,7 +148,10 @@ class SNGPMethod:
         Hyperparameter("n_features", int, 512, "D, random Fourier features of the GP layer", low=1),
         Hyperparameter("lengthscale", float, 2.0, "ℓ, the RBF kernel's lengthscale on the hidden features", low=1e-6),
         Hyperparameter(
-            "predictive", str, "mean_field", "classification predictive: mean-field softmax (one sample) or sampled outputs",
+            "predictive",
+            str,
+            "mean_field",
+            "classification predictive: mean-field softmax (one sample) or sampled outputs",
             choices=("mean_field", "sampled"),
         ),
         Hyperparameter("n_samples", int, 20, "output draws at test time where the predictive is sampled", low=1),

@@ -252,7 +252,8 @@ class PCAESS:
         check_constraints(self, config, problems[0].n_train)
         models, moments = fit_swa_copies(problems, config, stats, max(config["rank"], 2), "final")
         streams = [
-            subspace_samples(*one) for one in zip(models, moments, problems, [config] * len(problems), stats, strict=True)
+            subspace_samples(*one)
+            for one in zip(models, moments, problems, [config] * len(problems), stats, strict=True)
         ]
         del moments  # each stream keeps its basis and mean only
         for samples in zip(*streams, strict=True):

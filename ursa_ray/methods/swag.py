@@ -257,7 +257,10 @@ def collect_iterates(
     """
     COLLECTS_ITERATES.check(config, problem.n_train)
     optimiser = torch.optim.SGD(
-        model.parameters(), lr=config["swa_lr"], momentum=config["momentum"], weight_decay=config["weight_decay"],
+        model.parameters(),
+        lr=config["swa_lr"],
+        momentum=config["momentum"],
+        weight_decay=config["weight_decay"],
         **optimiser_options(problem.device),
     )
 
@@ -267,7 +270,11 @@ def collect_iterates(
 
     model.train()
     steps, collected = collection_phase(
-        problem.minibatches, loss_at, optimiser, lambda: optimiser.zero_grad(set_to_none=True), config,
+        problem.minibatches,
+        loss_at,
+        optimiser,
+        lambda: optimiser.zero_grad(set_to_none=True),
+        config,
         lambda: collect(flat_parameters(model)),
     )
     stats["grad_evals"] = stats.get("grad_evals", 0.0) + steps
@@ -336,7 +343,10 @@ def fit_swa(
 
 
 def fit_swa_copies(
-    problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]], max_rank: int,
+    problems: Sequence[Problem],
+    config: Mapping[str, Any],
+    stats: Sequence[dict[str, float]],
+    max_rank: int,
     centre: str = "running",
 ) -> tuple[list[nn.Module], list[SWAGMoments]]:
     """:func:`fit_swa` for every problem at once: the SGD burn-in (:func:`train_sgd_copies`) and the

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, one_network_storage
 from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, replace_module, train_adam
+from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, one_network_storage
 from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, train_adam_copies
 
 K1, K2, K3 = 0.63576, 1.87320, 1.48695

@@ -55,7 +55,9 @@ class GraphConvolution(nn.Module):
 class GCN(nn.Module):
     """``layers`` graph convolutions (module docstring) on the graph held in its buffers."""
 
-    def __init__(self, features: Tensor, edges: Tensor, n_outputs: int, hidden: int, layers: int, dropout: float) -> None:
+    def __init__(
+        self, features: Tensor, edges: Tensor, n_outputs: int, hidden: int, layers: int, dropout: float
+    ) -> None:
         super().__init__()
         n_nodes, n_features = features.shape
         self.register_buffer("features", features.to(torch.float32).clone())
@@ -76,7 +78,11 @@ class GCN(nn.Module):
 
 
 def build_gcn(
-    input_shape: tuple[int, ...], n_outputs: int, feature_map: Any = None, hidden: int = 16, layers: int = 2,
+    input_shape: tuple[int, ...],
+    n_outputs: int,
+    feature_map: Any = None,
+    hidden: int = 16,
+    layers: int = 2,
     dropout: float = 0.0,
 ) -> GCN:
     """A :class:`GCN` on the graph ``feature_map`` (a graph dataset's: ``features`` (n, d) and ``edges`` (2, E))."""
@@ -92,8 +98,12 @@ MODELS = (
         build=build_gcn,
         options=(
             Hyperparameter("hidden", int, 16, "hidden units of each inner layer", low=1),
-            Hyperparameter("layers", int, 2, "graph convolutions (1: linear in the propagated features)", low=1, high=8),
-            Hyperparameter("dropout", float, 0.0, "dropout rate on each layer's input (Kipf & Welling: 0.5)", low=0.0, high=0.95),
+            Hyperparameter(
+                "layers", int, 2, "graph convolutions (1: linear in the propagated features)", low=1, high=8
+            ),
+            Hyperparameter(
+                "dropout", float, 0.0, "dropout rate on each layer's input (Kipf & Welling: 0.5)", low=0.0, high=0.95
+            ),
         ),
         needs_feature_map=True,
     ),

@@ -81,8 +81,15 @@ class RecurrentClassifier(nn.Module):
     """Stacked (optionally bidirectional) LSTM or GRU cells, pooling over time, dropout slot, Linear head."""
 
     def __init__(
-        self, kind: str, n_features: int, n_outputs: int, hidden: int, layers: int, bidirectional: bool,
-        dropout: float, pooling: str,
+        self,
+        kind: str,
+        n_features: int,
+        n_outputs: int,
+        hidden: int,
+        layers: int,
+        bidirectional: bool,
+        dropout: float,
+        pooling: str,
     ) -> None:
         super().__init__()
         self.pooling = pooling
@@ -123,11 +130,18 @@ def build_recurrent(kind: str):
     """The builder of ``kind`` ("lstm" or "gru") for a :class:`ModelSpec`."""
 
     def build(
-        input_shape: tuple[int, ...], n_outputs: int, hidden: int = 64, layers: int = 1, bidirectional: bool = False,
-        dropout: float = 0.0, pooling: str = "last",
+        input_shape: tuple[int, ...],
+        n_outputs: int,
+        hidden: int = 64,
+        layers: int = 1,
+        bidirectional: bool = False,
+        dropout: float = 0.0,
+        pooling: str = "last",
     ) -> RecurrentClassifier:
         if len(input_shape) != 2:
-            raise ValueError(f"{kind} reads sequences of shape (time steps, features); got inputs of shape {input_shape}")
+            raise ValueError(
+                f"{kind} reads sequences of shape (time steps, features); got inputs of shape {input_shape}"
+            )
         return RecurrentClassifier(kind, input_shape[1], n_outputs, hidden, layers, bidirectional, dropout, pooling)
 
     build.__doc__ = f"A {kind} sequence classifier (:class:`RecurrentClassifier`) on inputs (T, F)."
@@ -138,8 +152,12 @@ OPTIONS = (
     Hyperparameter("hidden", int, 64, "hidden units per direction and layer", low=1),
     Hyperparameter("layers", int, 1, "stacked recurrent layers", low=1, high=8),
     Hyperparameter("bidirectional", bool, False, "also read every sequence backwards"),
-    Hyperparameter("dropout", float, 0.0, "variational dropout rate between layers (one mask per sequence)", low=0.0, high=0.95),
-    Hyperparameter("pooling", str, "last", "what the classifier reads: the last state or the mean over time", choices=POOLING),
+    Hyperparameter(
+        "dropout", float, 0.0, "variational dropout rate between layers (one mask per sequence)", low=0.0, high=0.95
+    ),
+    Hyperparameter(
+        "pooling", str, "last", "what the classifier reads: the last state or the mean over time", choices=POOLING
+    ),
 )
 
 MODELS = (

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 
-
 def _as_float64(a: Tensor | np.ndarray) -> Tensor:
     return torch.as_tensor(np.asarray(a.detach().cpu() if isinstance(a, Tensor) else a), dtype=torch.float64)
 

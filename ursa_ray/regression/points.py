@@ -31,24 +31,35 @@ def points_frame(
         raise ValueError(f"{x.shape[0]} test points but mean/std of length {mean.shape[0]}/{std.shape[0]}")
     inside = dataset.test_info.get("in_distribution")
     inside = np.ones(len(x), bool) if inside is None else inside.detach().cpu().numpy().astype(bool)
-    return pd.DataFrame({
-        "trial_id": trial_id,
-        "method": method,
-        "model": model,
-        "experiment": dataset.name,
-        "complexity": float(complexity),
-        "repetition": int(repetition),
-        "point_id": np.arange(len(x), dtype=np.int64),
-        "x": [row.tolist() for row in x],
-        "in_distribution": inside,
-        "truth": dataset.test_y.detach().cpu().double().reshape(-1).numpy(),
-        "mean": mean,
-        "std": std,
-    }, columns=POINT_COLUMNS)
+    return pd.DataFrame(
+        {
+            "trial_id": trial_id,
+            "method": method,
+            "model": model,
+            "experiment": dataset.name,
+            "complexity": float(complexity),
+            "repetition": int(repetition),
+            "point_id": np.arange(len(x), dtype=np.int64),
+            "x": [row.tolist() for row in x],
+            "in_distribution": inside,
+            "truth": dataset.test_y.detach().cpu().double().reshape(-1).numpy(),
+            "mean": mean,
+            "std": std,
+        },
+        columns=POINT_COLUMNS,
+    )
 
 
 def anchor_points(dataset, *, complexity: float, repetition: int, trial_id: str) -> pd.DataFrame:
     """The anchor's (``blr``) rows for one repetition of one (experiment, complexity)."""
     mean, std = anchor_for_dataset(dataset)
-    return points_frame(dataset, mean, std, method=ANCHOR_METHOD, model=ANCHOR_MODEL, complexity=complexity,
-                        repetition=repetition, trial_id=trial_id)
+    return points_frame(
+        dataset,
+        mean,
+        std,
+        method=ANCHOR_METHOD,
+        model=ANCHOR_MODEL,
+        complexity=complexity,
+        repetition=repetition,
+        trial_id=trial_id,
+    )

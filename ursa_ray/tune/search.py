@@ -68,7 +68,11 @@ class ComputeBudget:
         )
 
     def describe(self) -> str:
-        limits = [f"{k} {v:g}" for k, v in (("cpu_seconds", self.cpu_seconds), ("gpu_seconds", self.gpu_seconds)) if v is not None]
+        limits = [
+            f"{k} {v:g}"
+            for k, v in (("cpu_seconds", self.cpu_seconds), ("gpu_seconds", self.gpu_seconds))
+            if v is not None
+        ]
         return " / ".join(limits) + " budget"
 
 
@@ -115,7 +119,9 @@ def final_config(results: ResultsDirectory, cell: str, space: dict[str, Any]) ->
     return {name: config[name] for name in space if name in config}
 
 
-def searcher_history(rows: pd.DataFrame, space: dict[str, Any], metric: str) -> list[tuple[dict[str, Any], float | None, str]]:
+def searcher_history(
+    rows: pd.DataFrame, space: dict[str, Any], metric: str
+) -> list[tuple[dict[str, Any], float | None, str]]:
     """Recorded search trials as (parameters as the searcher names them, value, state) for :class:`UrsaOptunaSearch`:
     ok with a finite value -> complete; failed, early-stopped or without a finite value -> pruned (the value,
     if any, as its last intermediate value)."""

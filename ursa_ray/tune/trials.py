@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-
 import ray
 from ray import cloudpickle, tune
 from ray.tune.experiment import Trial
@@ -273,9 +272,13 @@ class RunStopper(tune.Stopper):
             self.reason, self.stopped_at = "interrupt", now
             if not self.interrupt.announced:
                 self.interrupt.announced = True
-                self.echo("interrupted: stopping; finished trials are kept, running ones are not recorded "
-                          "(Ctrl-C again to abort at once)")
-        elif self.budget is not None and self.callback is not None and self.budget.exhausted(self.callback.reserved(now)):
+                self.echo(
+                    "interrupted: stopping; finished trials are kept, running ones are not recorded "
+                    "(Ctrl-C again to abort at once)"
+                )
+        elif (
+            self.budget is not None and self.callback is not None and self.budget.exhausted(self.callback.reserved(now))
+        ):
             self.reason, self.stopped_at = "budget", now
         return self.reason is not None
 
@@ -352,7 +355,9 @@ class ResultsCallback(tune.Callback):
                 self._record(trial, error=None)  # it had reported its outcome: record it as it is
             elif stopper is not None and stopper.reason == "budget":
                 budget = stopper.budget.describe() if stopper.budget is not None else "budget"
-                self._record(trial, error=None, stopped_at=stopper.stopped_at, why=f"cut short by the search's {budget}")
+                self._record(
+                    trial, error=None, stopped_at=stopper.stopped_at, why=f"cut short by the search's {budget}"
+                )
             elif trial.config.get("hp"):  # a search trial stopped by Ctrl-C (final ones count in RunSummary.incomplete)
                 self.summary.unfinished_search += 1
         self.progress.end()
@@ -507,12 +512,20 @@ def _where(spec: dict[str, Any]) -> str:
     return where + f" seed={spec['seed']}"
 
 
-def _progress_line(done: int, total: int | None, spec: dict[str, Any], status: str, row: dict[str, Any], metrics: list) -> str:
+def _progress_line(
+    done: int, total: int | None, spec: dict[str, Any], status: str, row: dict[str, Any], metrics: list
+) -> str:
     where = _where(spec)
     count = f"[{done}]" if total is None else f"[{done}/{total}]"  # a budgeted search has no fixed count
     if status == "failed":
         return f"{count} FAILED {spec['phase']:6s} {where}: {row['error']}"
-    wanted = {("test", "accuracy"), ("test", "nll"), ("test", "rmse_truth"), ("test", "coverage_95_epistemic"), ("validation", "nll")}
+    wanted = {
+        ("test", "accuracy"),
+        ("test", "nll"),
+        ("test", "rmse_truth"),
+        ("test", "coverage_95_epistemic"),
+        ("validation", "nll"),
+    }
     shown = " ".join(
         f"{'val_' if m['eval_set'] == 'validation' else ''}{m['metric']}={m['value']:.3f}"
         for m in metrics
@@ -585,7 +598,8 @@ class SpecQueue(Searcher):
             return Searcher.FINISHED
         group = self._groups[self._next]
         if any(
-            spec.get("transfer_from") in self._unfinished_sources or spec.get("reference_from") in self._unfinished_sources
+            spec.get("transfer_from") in self._unfinished_sources
+            or spec.get("reference_from") in self._unfinished_sources
             for spec in group
         ):
             return None
@@ -709,4 +723,3 @@ def _pending_trials(param_space: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         os.environ.pop("TUNE_MAX_PENDING_TRIALS_PG", None)
-

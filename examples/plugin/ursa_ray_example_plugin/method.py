@@ -53,8 +53,12 @@ class TemperatureSGD:
     description = "SGD, then the logits divided by a temperature fitted on held-out data (Guo et al. 2017)"
     hyperparameters = SGD_HYPERPARAMETERS + (
         Hyperparameter(
-            "holdout_fraction", float, 0.1, "share of the training set held out to fit the temperature",
-            low=0.01, high=0.5,
+            "holdout_fraction",
+            float,
+            0.1,
+            "share of the training set held out to fit the temperature",
+            low=0.01,
+            high=0.5,
         ),
     )
     constraints = ()  # no rule between its hyperparameters beyond their own ranges
