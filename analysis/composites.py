@@ -13,10 +13,21 @@ averages those cell means with equal weight:
 - ``accuracy``: test accuracy over in-domain cells (higher is better);
 - ``nll``: test NLL over in-domain cells (lower is better);
 - ``misclass_auroc``: misclassification-detection AUROC, predictive-entropy score, over in-domain cells;
+- ``eaurc``: excess area under the risk–coverage curve by max probability (``eaurc_maxprob``; Geifman,
+  Uziel & El-Yaniv 2019), in-domain cells (lower).  E-AURC rather than AURC because AURC = AURC* + E-AURC
+  and AURC* depends on the error rate alone, so AURC would count accuracy a second time, under uncertainty;
+  E-AURC is the part due to the ordering.  Max probability (the softmax response of Geifman & El-Yaniv
+  2017) rather than MI because it ranks every method: a one-sample method's MI is zero everywhere, so its
+  MI curve is that of accepting at random;
+- ``nll_calibrated``: test NLL at the optimal temperature by test-time cross-validation (Ashukha et al.
+  2020), in-domain cells (lower);
 - ``ood_auroc``: OOD-detection AUROC scored by knowledge uncertainty (mutual information, URSABench's
   score) over in-domain (cell, OOD set) pairs.  A single-sample method (SGD, SWA) has zero mutual
   information everywhere, so all its scores tie and its ``ood_auroc`` is exactly 0.5;
 - ``ood_auroc_entropy``: the same scored by total predictive entropy (reported, not ranked);
+- ``ood_fpr95``: the in-distribution share flagged at the threshold that flags 95% of the OOD set, scored
+  by mutual information like ``ood_auroc`` (``ood_fpr95_mi``), the same pairs (lower; a constant score
+  flags every example, so a one-sample method's is 1);
 - ``decision_cost``: mean cost per test example of the Bayes decision over decision-task cells (lower);
 - ``s_per_sample``: training seconds per posterior sample over in-domain cells (lower; not ranked);
 - ``adv_accuracy``: accuracy under white-box PGD at the dataset family's reference ε (MNIST 0.1, CIFAR
@@ -41,9 +52,10 @@ equal-weight mean of the ``rank_P`` it has:
 
 So ten corruption types at five severities weigh as much as one adversarial set in ``rank_robustness``.
 
-The principles: ``accuracy`` (accuracy), ``uncertainty`` (nll, misclass_auroc), ``ood`` (ood_auroc),
-``decision`` (decision_cost), ``robustness`` (adv_accuracy, corrupt_accuracy, corrupt_ece) and ``test_time`` (flops_per_prediction, storage_bytes: URSABench's test-time
-scalability).
+The principles: ``accuracy`` (accuracy), ``uncertainty`` (nll, misclass_auroc, eaurc, nll_calibrated),
+``ood`` (ood_auroc, ood_fpr95), ``decision`` (decision_cost), ``robustness`` (adv_accuracy, corrupt_accuracy,
+corrupt_ece) and ``test_time`` (flops_per_prediction, storage_bytes: URSABench's test-time scalability).
+Adding a metric to a principle changes the weight of that principle's other metrics, never the principle's.
 
 Cells a method lacks (failed, or not run) are left out of its averages, never filled in.  ``cells``
 counts the cells (in-domain and decision-task) where the method has at least one successful seed,
@@ -63,7 +75,10 @@ COMPOSITES = {
     "accuracy": ("test", "accuracy", True),
     "nll": ("test", "nll", False),
     "misclass_auroc": ("test", "misclass_auroc_entropy", True),
+    "eaurc": ("test", "eaurc_maxprob", False),
+    "nll_calibrated": ("test", "nll_calibrated", False),
     "ood_auroc": ("ood", "ood_auroc_mi", True),
+    "ood_fpr95": ("ood", "ood_fpr95_mi", False),
     "ood_auroc_entropy": ("ood", "ood_auroc_entropy", True),
     "decision_cost": ("test", "decision_cost", False),
     "s_per_sample": ("cost", "s_per_sample", False),
@@ -78,8 +93,8 @@ COMPOSITES = {
 PRINCIPLES = {
     # principle: the composites ranked under it
     "accuracy": ("accuracy",),
-    "uncertainty": ("nll", "misclass_auroc"),
-    "ood": ("ood_auroc",),
+    "uncertainty": ("nll", "misclass_auroc", "eaurc", "nll_calibrated"),
+    "ood": ("ood_auroc", "ood_fpr95"),
     "decision": ("decision_cost",),
     "robustness": ("adv_accuracy", "corrupt_accuracy", "corrupt_ece"),
     "test_time": ("flops_per_prediction", "storage_bytes"),

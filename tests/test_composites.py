@@ -6,10 +6,13 @@ an in-domain composite would change the expected numbers below."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
-from analysis.composites import composite_coverage, composite_scores
+from analysis.composites import PRINCIPLES, composite_coverage, composite_scores
 
 # (method, dataset, seed, eval_set, metric): value
 VALUES = {}
@@ -20,7 +23,15 @@ for method, seeds in (("a", (0, 1)), ("b", (0, 1))):
                 (method, "digits", seed, "test", "accuracy"): {"a": (0.90, 0.92), "b": (0.85, 0.87)}[method][seed],
                 (method, "digits", seed, "test", "nll"): {"a": (0.30, 0.32), "b": (0.25, 0.27)}[method][seed],
                 (method, "digits", seed, "test", "misclass_auroc_entropy"): {"a": 0.80, "b": 0.70}[method],
+                (method, "digits", seed, "test", "eaurc_maxprob"): {"a": 0.03, "b": 0.02}[method],
+                (method, "digits", seed, "test", "aurc_maxprob"): {"a": 0.0, "b": 1.0}[method],  # not ranked
+                (method, "digits", seed, "test", "nll_calibrated"): {"a": (0.28, 0.30), "b": (0.20, 0.22)}[method][
+                    seed
+                ],
                 (method, "digits", seed, "noise", "ood_auroc_mi"): {"a": 0.90, "b": 0.50}[method],
+                (method, "digits", seed, "noise", "ood_fpr95_mi"): {"a": 0.90, "b": 0.50}[method],
+                (method, "digits", seed, "inv", "ood_fpr95_mi"): {"a": 0.90, "b": 0.70}[method],
+                (method, "digits", seed, "noise", "ood_fpr95_entropy"): {"a": 0.0, "b": 1.0}[method],  # not ranked
                 (method, "digits", seed, "inv", "ood_auroc_mi"): {"a": 0.60, "b": 0.50}[method],
                 (method, "digits", seed, "noise", "ood_auroc_entropy"): {"a": 0.80, "b": 0.70}[method],
                 (method, "digits", seed, "inv", "ood_auroc_entropy"): {"a": 0.60, "b": 0.65}[method],
@@ -38,6 +49,7 @@ for method, seeds in (("a", (0, 1)), ("b", (0, 1))):
                 (method, "digits", seed, "adv:pgd_eps0.25", "reference"): 0.0,
                 # a bit-depth copy of the OOD set is no OOD set of its own
                 (method, "digits", seed, "noise@int8", "ood_auroc_mi"): {"a": 0.0, "b": 1.0}[method],
+                (method, "digits", seed, "noise@int8", "ood_fpr95_mi"): {"a": 0.0, "b": 1.0}[method],
                 # the balanced set reports a decision cost too (same cost matrix); it enters no composite
                 (method, "digits", seed, "test", "decision_cost"): {"a": 0.0, "b": 9.0}[method],
             }
@@ -53,6 +65,9 @@ for method, seeds in (("a", (0, 1)), ("b", (0, 1))):
                     seed
                 ],
                 (method, "digits_imbalanced", seed, "noise", "ood_auroc_mi"): {"a": 0.1, "b": 0.99}[method],
+                (method, "digits_imbalanced", seed, "noise", "ood_fpr95_mi"): {"a": 0.0, "b": 1.0}[method],
+                (method, "digits_imbalanced", seed, "test", "eaurc_maxprob"): {"a": 0.0, "b": 1.0}[method],
+                (method, "digits_imbalanced", seed, "test", "nll_calibrated"): {"a": 0.0, "b": 1.0}[method],
                 (method, "digits_imbalanced", seed, "noise", "ood_auroc_entropy"): {"a": 0.0, "b": 1.0}[method],
                 (method, "digits_imbalanced", seed, "cost", "s_per_sample"): 10.0,
                 (method, "digits_imbalanced", seed, "cost", "flops_per_prediction"): {"a": 1.0, "b": 1e6}[method],
@@ -122,7 +137,10 @@ def test_composites_and_principle_ranks_equal_hand_computed_values():
             "accuracy": {"a": 0.91, "b": 0.86},
             "nll": {"a": 0.31, "b": 0.26},
             "misclass_auroc": {"a": 0.80, "b": 0.70},
+            "eaurc": {"a": 0.03, "b": 0.02},  # by max probability
+            "nll_calibrated": {"a": 0.29, "b": 0.21},
             "ood_auroc": {"a": 0.75, "b": 0.50},  # mutual information, in-domain (dataset, OOD set) pairs
+            "ood_fpr95": {"a": 0.90, "b": 0.60},  # mutual information, the same pairs
             "ood_auroc_entropy": {"a": 0.70, "b": 0.675},
             "decision_cost": {"a": 2.1, "b": 1.0},  # decision-task cells only
             "s_per_sample": {"a": 0.1, "b": 0.2},
@@ -133,23 +151,24 @@ def test_composites_and_principle_ranks_equal_hand_computed_values():
             "corrupt_ece": {"a": 0.125, "b": 0.1},
             "corrupt_accuracy_s3": {"a": 0.5, "b": 0.55},
             "corrupt_ece_s3": {"a": 0.2, "b": 0.1},
-            # accuracy: a 1, b 2; uncertainty: nll (a 2, b 1) and misclass (a 1, b 2); ood: a 1, b 2 on
-            # the mean over both OOD sets; decision: a 2, b 1; robustness, each metric once: PGD accuracy
+            # accuracy: a 1, b 2; uncertainty: nll (a 2, b 1), misclass (a 1, b 2), e-AURC (a 2, b 1) and
+            # calibrated NLL (a 2, b 1); ood, on the mean over both OOD sets: AUROC (a 1, b 2) and FPR@95
+            # (a 2, b 1); decision: a 2, b 1; robustness, each metric once: PGD accuracy
             # (a 2, b 1), corruption accuracy averaged over its two sets (a 0.65, b 0.625: a 1, b 2), corruption
             # ECE averaged (a 0.125, b 0.1: a 2, b 1); test_time: flops (a 2, b 1) and storage (a 1, b 2).
             # mean_rank = mean of the six principle ranks.
             "rank_accuracy": {"a": 1.0, "b": 2.0},
-            "rank_uncertainty": {"a": 1.5, "b": 1.5},
-            "rank_ood": {"a": 1.0, "b": 2.0},
+            "rank_uncertainty": {"a": 1.75, "b": 1.25},
+            "rank_ood": {"a": 1.5, "b": 1.5},
             "rank_decision": {"a": 2.0, "b": 1.0},
             "rank_robustness": {"a": 5 / 3, "b": 4 / 3},
             "rank_test_time": {"a": 1.5, "b": 1.5},
-            "mean_rank": {"a": (7.0 + 5 / 3) / 6, "b": (8.0 + 4 / 3) / 6},
+            "mean_rank": {"a": (7.75 + 5 / 3) / 6, "b": (7.25 + 4 / 3) / 6},
         }
     )
     for column in expected:
         assert scores[column].to_dict() == pytest.approx(expected[column].to_dict(), abs=1e-12), column
-    assert list(scores.index) == ["a", "b"]
+    assert list(scores.index) == ["b", "a"]  # by mean_rank
 
 
 def test_cells_count_decision_task_and_failed_seed_cells():
@@ -224,3 +243,70 @@ def test_robustness_rank_counts_each_metric_once_however_many_corruption_sets(co
     scores = composite_scores(*_robustness_tables(corruption_sets))
     assert scores.loc["adv_winner", "rank_robustness"] == pytest.approx(1.5)
     assert scores.loc["corrupt_winner", "rank_robustness"] == pytest.approx(1.5)
+
+
+def _one_cell_tables(values: dict[tuple[str, str, str], float]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One seed of each method on the in-domain cell mlp/digits; ``values``: (method, eval_set, metric): value."""
+    methods = sorted({m for m, _, _ in values})
+    trials = pd.DataFrame(
+        [
+            {
+                "trial_id": f"{m}-0",
+                "phase": "final",
+                "method": m,
+                "model": "mlp",
+                "dataset": "digits",
+                "seed": 0,
+                "task": "classification",
+                "decision_task": False,
+                "status": "ok",
+            }
+            for m in methods
+        ]
+    )
+    metrics = pd.DataFrame(
+        [
+            {
+                "trial_id": f"{m}-0",
+                "phase": "final",
+                "method": m,
+                "model": "mlp",
+                "dataset": "digits",
+                "seed": 0,
+                "eval_set": e,
+                "metric": k,
+                "value": v,
+            }
+            for (m, e, k), v in values.items()
+        ]
+    )
+    return metrics, trials
+
+
+def test_a_principle_weighs_once_however_many_metrics_it_has():
+    """``uncertainty_winner`` wins all four uncertainty metrics and loses accuracy; ``accuracy_winner`` the
+    reverse: mean_rank ties at 1.5.  Weighing each metric once in mean_rank (rather than each principle)
+    gives the uncertainty winner (4 × 1 + 2) / 5 = 1.2 against 1.8."""
+    values = {}
+    for method, better in (("uncertainty_winner", True), ("accuracy_winner", False)):
+        values |= {
+            (method, "test", "accuracy"): 0.8 if better else 0.9,
+            (method, "test", "nll"): 0.3 if better else 0.4,
+            (method, "test", "misclass_auroc_entropy"): 0.9 if better else 0.8,
+            (method, "test", "eaurc_maxprob"): 0.01 if better else 0.02,
+            (method, "test", "nll_calibrated"): 0.25 if better else 0.35,
+        }
+    scores = composite_scores(*_one_cell_tables(values))
+    assert scores.loc["uncertainty_winner", "rank_uncertainty"] == 1.0
+    assert scores.loc["accuracy_winner", "rank_accuracy"] == 1.0
+    assert scores["mean_rank"].to_dict() == pytest.approx({"uncertainty_winner": 1.5, "accuracy_winner": 1.5})
+
+
+def test_readme_composite_table_lists_each_principles_composites():
+    """README's table of principles names exactly the composites ranked under each (catches a composite
+    added to PRINCIPLES but not to the user's guide, or the reverse)."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Composite scores and the report", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\w+) \| (.*?) \| [^|]+ \|$", section, flags=re.MULTILINE)
+    listed = {principle: tuple(re.findall(r"`(\w+)`", names)) for principle, names in rows if principle in PRINCIPLES}
+    assert listed == PRINCIPLES
