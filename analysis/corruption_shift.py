@@ -1,9 +1,12 @@
 """Accuracy and calibration under common corruptions (Hendrycks & Dietterich 2019), summarised as Ovadia et
 al. (2019) do: per severity, the distribution over corruption types.
 
-Reads the ``corrupt:TYPE:SEVERITY`` evaluation sets of final classification trials (in-domain cells):
-each metric is averaged over seeds, then over in-domain cells, per (method, type, severity); the table gives
-per (method, severity) the mean, quartiles and extremes over types, and the figure draws them as box plots.
+Reads the ``corrupt:TYPE:SEVERITY`` evaluation sets of final classification trials (in-domain cells).  The
+table gives per (method, severity) and metric two things: the mean over corruption types with its interval
+over seeds (each seed's mean over types, then :func:`analysis.intervals.grouped_intervals`: per cell over seeds,
+over cells with equal weight), and the inter-quartile range over types of the per-type means (over seeds,
+then cells), which says how much the corruption type matters, not how sure the mean is.  The figure draws
+the per-type means as box plots.
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.composites import decision_task_datasets, final_metrics  # noqa: E402
+from analysis.intervals import grouped_intervals, interval_text  # noqa: E402
 from ursa_ray.evaluation.corruptions import severity_summary  # noqa: E402
 
 METRICS = ("accuracy", "ece")
 
 
-def corruption_values(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
-    """One row per (method, corruption, severity), a column per metric (means over seeds, then cells)."""
+def corruption_rows(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """The final in-domain rows of the corruption sets for :data:`METRICS`, one per (trial, set, metric), with
+    ``corruption`` and ``severity`` columns (empty when there are none)."""
     final = final_metrics(metrics, trials)
     final = final[
         final["eval_set"].str.startswith("corrupt:")
@@ -33,17 +38,33 @@ def corruption_values(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFra
     if final.empty:
         return pd.DataFrame()
     parts = final["eval_set"].str.split(":")
-    final = final.assign(corruption=parts.str[1], severity=parts.str[2].astype(int))
+    return final.assign(corruption=parts.str[1], severity=parts.str[2].astype(int))
+
+
+def corruption_values(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (method, corruption, severity) of ``rows`` (:func:`corruption_rows`), a column per metric
+    (means over seeds, then cells)."""
     keys = ["method", "corruption", "severity", "metric"]
-    seed_means = final.groupby([*keys, "model", "dataset"])["value"].mean()
+    seed_means = rows.groupby([*keys, "model", "dataset"])["value"].mean()
     return seed_means.groupby(keys).mean().unstack("metric").reset_index()
 
 
-def corruption_table(values: pd.DataFrame) -> pd.DataFrame:
-    """Per (method, severity): mean, median and inter-quartile range over corruption types of accuracy and ECE."""
+def corruption_table(rows: pd.DataFrame, alpha: float = 0.05, how: str = "t") -> pd.DataFrame:
+    """Per (method, severity), for each metric of ``rows`` (:func:`corruption_rows`): ``METRIC`` the mean over
+    corruption types as ``mean [low, high] n=seeds`` (the 1 − ``alpha`` interval over seeds, ``how``: ``t`` or
+    ``bootstrap``, propagated over cells) and ``METRIC IQR over types`` as ``[q25, q75]``."""
+    intervals = grouped_intervals(rows, ["method", "severity", "metric"], alpha, how)
+    intervals["text"] = [interval_text(r.mean, r.low, r.high, r.seeds) for r in intervals.itertuples()]
+    shown = intervals.pivot(index=["method", "severity"], columns="metric", values="text")
+    values = corruption_values(rows)
     summary = severity_summary(values, [m for m in METRICS if m in values.columns], by=["method"])
-    summary["text"] = [f"{r.mean:.3f} [{r.q25:.3f}, {r.q75:.3f}]" for r in summary.itertuples()]
-    return summary.pivot(index=["method", "severity"], columns="metric", values="text")
+    summary["text"] = [f"[{r.q25:.3f}, {r.q75:.3f}]" for r in summary.itertuples()]
+    spread = summary.pivot(index=["method", "severity"], columns="metric", values="text")
+    columns = {}
+    for metric in [m for m in METRICS if m in shown.columns]:
+        columns[metric] = shown[metric]
+        columns[f"{metric} IQR over types"] = spread[metric]
+    return pd.DataFrame(columns)
 
 
 def plot_corruption_shift(values: pd.DataFrame, path: Path) -> Path:

@@ -10,7 +10,8 @@ One seed gives no interval (NaN bounds; the report says "1 seed: no interval").
 
 A composite averages C cell means with equal weight, so its standard error propagates the cells' independent
 ones, SE = √(Σ_c s_c²/n_c) / C, with the Welch–Satterthwaite degrees of freedom
-ν = (Σ_c v_c)² / Σ_c v_c²/(n_c − 1), v_c = s_c²/n_c, and the interval is mean ± t_{1−α/2, ν} · SE.  A
+ν = (Σ_c v_c)² / Σ_c v_c²/(n_c − 1), v_c = s_c²/n_c, and the interval is mean ± t_{1−α/2, ν} · SE (whichever
+``how`` the cells used).  A composite of one cell is that cell's own interval (for ``t`` the same number); a
 composite with a one-seed cell has no interval.
 
 A proportion (a regression test point covered in c of k repetitions) gets Wilson's score interval
@@ -66,10 +67,13 @@ def cell_intervals(units: pd.DataFrame, keys: list[str], alpha: float = 0.05, ho
 
 def composite_interval(cells: pd.DataFrame, alpha: float = 0.05) -> tuple[float, float, float]:
     """The equal-weight mean of the cell means in ``cells`` (columns ``mean``, ``std``, ``seeds``) and its
-    1 − ``alpha`` Welch–Satterthwaite interval (module doc); NaN bounds when a cell has one seed."""
+    1 − ``alpha`` Welch–Satterthwaite interval (module doc); one cell with ``low`` and ``high`` columns: its own
+    interval; NaN bounds when a cell has one seed."""
     mean = float(cells["mean"].mean())
     if (cells["seeds"] < 2).any() or cells["std"].isna().any():
         return mean, float("nan"), float("nan")
+    if len(cells) == 1 and {"low", "high"} <= set(cells.columns):
+        return mean, float(cells["low"].iloc[0]), float(cells["high"].iloc[0])
     v = (cells["std"] ** 2 / cells["seeds"]).to_numpy()
     se = np.sqrt(v.sum()) / len(cells)
     if se == 0:
@@ -101,12 +105,12 @@ def interval_text(mean: float, low: float, high: float, seeds: int, digits: int 
     )
 
 
-def grouped_intervals(rows: pd.DataFrame, keys: list[str], alpha: float = 0.05) -> pd.DataFrame:
+def grouped_intervals(rows: pd.DataFrame, keys: list[str], alpha: float = 0.05, how: str = "t") -> pd.DataFrame:
     """Per group of ``keys``: the value averaged within each trial (model, dataset, seed) over the group's
-    sets, then per cell over seeds, then over cells with equal weight, with the 1 − ``alpha`` interval of
-    :func:`composite_interval` (``mean``, ``low``, ``high``, ``seeds``: the fewest behind a cell)."""
+    sets, then per cell over seeds (``how`` intervals), then over cells with equal weight, with the 1 − ``alpha``
+    interval of :func:`composite_interval` (``mean``, ``low``, ``high``, ``seeds``: the fewest behind a cell)."""
     per_seed = rows.groupby([*keys, "model", "dataset", "seed"], as_index=False)["value"].mean()
-    cells = cell_intervals(per_seed, [*keys, "model", "dataset"], alpha)
+    cells = cell_intervals(per_seed, [*keys, "model", "dataset"], alpha, how)
     out = []
     for key, group in cells.groupby(keys, sort=False):
         mean, low, high = composite_interval(group, alpha)

@@ -15,7 +15,7 @@ import pandas as pd
 from analysis.adversarial_robustness import adversarial_table, plot_accuracy_against_epsilon
 from analysis.bit_depth import bit_depth_table
 from analysis.composites import COMPOSITES, better_direction, composite_coverage, is_ood_set, per_cell_table
-from analysis.corruption_shift import corruption_table, corruption_values, plot_corruption_shift
+from analysis.corruption_shift import corruption_rows, corruption_table, corruption_values, plot_corruption_shift
 from analysis.fidelity import fidelity_markdown
 from analysis.intervals import interval_text
 from analysis.pareto import pareto_markdown
@@ -63,37 +63,68 @@ def composite_display(scores: pd.DataFrame) -> pd.DataFrame:
     return shown.drop(columns=[c for c in scores.columns if c.endswith(("_low", "_high", "_seeds"))])
 
 
-def composite_text(scores: pd.DataFrame, coverage: pd.DataFrame, alpha: float = 0.05) -> str:
+def composite_text(scores: pd.DataFrame, coverage: pd.DataFrame, alpha: float = 0.05, interval: str = "t") -> str:
     """The composite-score table (from :func:`~analysis.statistics.ranked_composites`) with its legend, and
     the cells each composite averages (from :func:`~analysis.composites.composite_coverage`)."""
     direction = better_direction()
     legend = ", ".join(f"{c}: {direction[c]} is better" for c in scores.columns if c in direction)
     return (
         markdown_table(composite_display(scores))
-        + f"\n\n({legend}; means over cells of seed means with their {1 - alpha:.0%} interval (Student t over"
-        " seeds, propagated over cells) and the fewest seeds behind a cell; rank_* rank within each principle,"
+        + f"\n\n({legend}; means over cells of seed means with their {1 - alpha:.0%} interval ({INTERVAL_NAMES[interval]}"
+        " over seeds for one cell; over several, the cells' standard errors propagated with Welch's t) and the"
+        " fewest seeds behind a cell; rank_* rank within each principle,"
         " mean_rank averages the principles with equal weight; best_group: not significantly different from"
         f" the best mean_rank (Friedman and Nemenyi over the principles, α = {alpha}); see README, Composite"
         " scores, and docs/statistics.md)\n\nCells behind each composite:\n\n" + markdown_table(coverage, index=False)
     )
 
 
-def write_report(results_dir: str | Path | Location, cost: bool = False, alpha: float = 0.05) -> str:
+INTERVAL_NAMES = {"t": "Student t", "bootstrap": "percentile bootstrap"}
+
+
+def recorded_interval(where: Location) -> str:
+    """The per-cell interval the results' grid asks for: ``statistics.interval`` of ``where/grid.yaml``
+    (:func:`ursa_ray.grid.parse_statistics`; ``t`` without the file or the block).  A bad value raises
+    :class:`~ursa_ray.grid.GridError` in one line naming the file and field."""
+    import yaml
+
+    from ursa_ray.grid import GridError, parse_statistics
+
+    record = where / "grid.yaml"
+    if not record.exists():
+        return "t"
+    try:
+        raw = yaml.safe_load(record.read_text())
+    except yaml.YAMLError:
+        raise GridError(f"{record}: not readable as YAML") from None
+    return parse_statistics(str(record), raw.get("statistics") if isinstance(raw, dict) else None)["interval"]
+
+
+def write_report(
+    results_dir: str | Path | Location, cost: bool = False, alpha: float = 0.05, interval: str | None = None
+) -> str:
     """Write ``results_dir/report.md`` (and figures) and return the text to print; ``results_dir`` is a local
-    folder or an object-store URI; ``alpha``: the level of every interval (1 − alpha) and test."""
+    folder or an object-store URI; ``alpha``: the level of every interval (1 − alpha) and test; ``interval``:
+    the per-cell interval, ``t`` or ``bootstrap`` (None: what the results' grid asks, :func:`recorded_interval`)."""
     if not 0 < alpha < 1:
         raise ValueError(f"--alpha {alpha}: must be between 0 and 1 (exclusive)")
+    if interval is not None and interval not in INTERVAL_NAMES:
+        raise ValueError(f"interval: expected one of {', '.join(INTERVAL_NAMES)}, got {interval!r}")
     shown = results_dir if isinstance(results_dir, Location) or is_uri(results_dir) else Path(results_dir)
     where = Location.parse(shown)
+    interval = interval or recorded_interval(where)
     if where.is_local:
-        return _write_report(where, where.local_path / "figures", shown, cost, alpha)
+        return _write_report(where, where.local_path / "figures", shown, cost, alpha, interval)
     with tempfile.TemporaryDirectory(prefix="ursa-ray-figures-") as staging:
-        return _write_report(where, Path(staging), shown, cost, alpha)
+        return _write_report(where, Path(staging), shown, cost, alpha, interval)
 
 
-def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool, alpha: float) -> str:
+def _write_report(
+    where: Location, figures_dir: Path, shown: object, cost: bool, alpha: float, interval: str = "t"
+) -> str:
     """The report of the results at ``where``, its figures drawn into the local ``figures_dir`` (uploaded to
-    ``where/figures/`` when ``where`` is not local)."""
+    ``where/figures/`` when ``where`` is not local); ``interval``: the per-cell interval (``t`` or ``bootstrap``)."""
+    interval_name = INTERVAL_NAMES[interval]
     results = load_results(where)
     trials, metrics = results.trials, results.metrics
     counts = trials.groupby(["phase", "status"]).size().rename("trials").reset_index()
@@ -104,32 +135,32 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool,
 
     printed = []
     figures_extra: list[Path] = []  # figures of the classification sections
-    scores = ranked_composites(metrics, trials, alpha) if not metrics.empty else pd.DataFrame()
+    scores = ranked_composites(metrics, trials, alpha, interval) if not metrics.empty else pd.DataFrame()
     if not scores.empty and (metrics["eval_set"] == "test").any():
-        composites = composite_text(scores, composite_coverage(metrics, trials), alpha)
+        composites = composite_text(scores, composite_coverage(metrics, trials), alpha, interval)
         sections += ["", "## Composite scores", "", composites]
         printed += ["Composite scores", composites]
-        verdict, cd_figures = statistics_markdown(metrics, trials, figures_dir, alpha)
+        verdict, cd_figures = statistics_markdown(metrics, trials, figures_dir, alpha, interval)
         figures_extra += cd_figures
         sections += ["", "## Which differences are real", "", verdict]
         printed += ["Which differences are real", verdict.split("\n\n### ")[0]]
         sections += [
             "",
             f"## Per-cell results (mean ± std over seeds, then the {1 - alpha:.0%} interval of the mean "
-            "(Student t) and the number of seeds n)",
+            f"({interval_name}) and the number of seeds n)",
         ]
         for metric, title in TEST_METRICS:
-            table = per_cell_table(metrics, trials, metric, "test", alpha=alpha)
+            table = per_cell_table(metrics, trials, metric, "test", alpha=alpha, interval=interval)
             if not table.empty:
                 sections += ["", f"### {title}", "", markdown_table(table)]
         ood_sets = sorted(s for s in set(metrics["eval_set"]) if is_ood_set(s))
         for ood in ood_sets:
             for metric in ("ood_auroc_mi", "ood_auroc_entropy"):
-                table = per_cell_table(metrics, trials, metric, ood, alpha=alpha)
+                table = per_cell_table(metrics, trials, metric, ood, alpha=alpha, interval=interval)
                 if not table.empty:
                     sections += ["", f"### OOD detection vs {ood}: {metric}", "", markdown_table(table)]
         for metric, title in COST_METRICS:
-            table = per_cell_table(metrics, trials, metric, "cost", task=None, alpha=alpha)
+            table = per_cell_table(metrics, trials, metric, "cost", task=None, alpha=alpha, interval=interval)
             if not table.empty:
                 sections += ["", f"### {title}", "", markdown_table(table)]
         robustness = adversarial_table(metrics, trials)
@@ -150,17 +181,19 @@ def _write_report(where: Location, figures_dir: Path, shown: object, cost: bool,
                 "",
                 f"![adversarial](figures/{robustness_figure.name})",
             ]
-        shift = corruption_values(metrics, trials)
+        shift = corruption_rows(metrics, trials)
         if not shift.empty:
-            shift_figure = plot_corruption_shift(shift, figures_dir / "corruption_shift.png")
+            shift_figure = plot_corruption_shift(corruption_values(shift), figures_dir / "corruption_shift.png")
             figures_extra.append(shift_figure)
             sections += [
                 "",
                 "## Common corruptions",
                 "",
-                "Mean [inter-quartile range] over corruption types, in-domain cells.",
+                f"Per metric: the mean over corruption types [{1 - alpha:.0%} interval over seeds ({interval_name}), "
+                "propagated over in-domain cells] n=seeds, then the inter-quartile range over corruption types of "
+                "the per-type means (how much the type matters, not an interval).",
                 "",
-                markdown_table(corruption_table(shift)),
+                markdown_table(corruption_table(shift, alpha, interval)),
                 "",
                 f"![corruption_shift](figures/{shift_figure.name})",
             ]

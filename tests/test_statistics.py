@@ -7,6 +7,7 @@ functions on in-memory unit tables, after a test shows a written directory gives
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -30,7 +31,8 @@ SIMULATIONS = 300
 
 def write_results(path, values: dict, failed: frozenset = frozenset()) -> None:
     """One final classification trial per (method, model, dataset, seed) key of ``values`` (a dict metric:
-    value on the test set), written through the results writer; keys in ``failed`` are failed trials."""
+    value on the test set, or (eval_set, metric): value), written through the results writer; keys in
+    ``failed`` are failed trials."""
     results = ResultsDirectory(path)
     for (method, model, dataset, seed), metrics in values.items():
         trial_id = f"{method}-{model}-{dataset}-{seed}"
@@ -63,8 +65,8 @@ def write_results(path, values: dict, failed: frozenset = frozenset()) -> None:
                     "dataset": dataset,
                     "seed": seed,
                     "phase": "final",
-                    "eval_set": "test",
-                    "metric": metric,
+                    "eval_set": metric[0] if isinstance(metric, tuple) else "test",
+                    "metric": metric[1] if isinstance(metric, tuple) else metric,
                     "value": value,
                 }
                 for metric, value in metrics.items()
@@ -389,3 +391,90 @@ def test_grouped_intervals_average_sets_within_a_trial_before_seeds_and_cells():
     half = stats.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)
     assert row["seeds"] == 3 and row["mean"] == pytest.approx(0.6)
     assert (row["low"], row["high"]) == pytest.approx((0.6 - half, 0.6 + half))
+
+
+BOOTSTRAP_SEEDS = [0.80, 0.85, 0.90, 0.95, 0.99]
+
+
+def bootstrap_text(values) -> str:
+    from analysis.intervals import mean_interval
+
+    _, low, high = mean_interval(np.array(values), how="bootstrap")
+    return f"[{low:.3f}, {high:.3f}] n={len(values)}"
+
+
+def test_a_grid_asking_for_bootstrap_gives_a_report_of_bootstrap_intervals(tmp_path):
+    """The results' grid.yaml says ``statistics: {interval: bootstrap}``: the per-cell table and the one-cell
+    composite show scipy's percentile-bootstrap interval and not Student's t (catches the key not reaching
+    the report, or the composite of one cell ignoring its cell's interval)."""
+    from analysis.report import write_report
+
+    write_results(tmp_path, {("a", "mlp", "digits", s): {"accuracy": v} for s, v in enumerate(BOOTSTRAP_SEEDS)})
+    _, t_low, t_high = mean_interval(np.array(BOOTSTRAP_SEEDS))
+    t_text = f"[{t_low:.3f}, {t_high:.3f}] n=5"
+    write_report(tmp_path)
+    assert t_text in (tmp_path / "report.md").read_text()  # no grid.yaml: Student t
+
+    grid = (Path(__file__).parents[1] / "grids" / "quickstart.yaml").read_text()
+    (tmp_path / "grid.yaml").write_text(grid + "\nstatistics: {interval: bootstrap}\n")
+    write_report(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert bootstrap_text(BOOTSTRAP_SEEDS) != t_text
+    composite_row = report.split("## Composite scores")[1].split("\n| a ")[1].split("\n")[0]
+    per_cell = report.split("## Per-cell results")[1]
+    assert bootstrap_text(BOOTSTRAP_SEEDS) in composite_row and bootstrap_text(BOOTSTRAP_SEEDS) in per_cell
+    assert t_text not in report
+    assert "percentile bootstrap" in per_cell.split("\n")[0]
+
+
+@pytest.mark.parametrize(
+    ("block", "field"),
+    [
+        ("{interval: normal}", "statistics.interval"),
+        ("{n_resamples: 10}", "statistics.n_resamples"),
+        ("3", "statistics"),
+    ],
+)
+def test_a_bad_statistics_block_is_refused_in_one_line(tmp_path, capsys, block, field):
+    """In a grid (before any trial) and in a results directory's grid.yaml (``ursa-ray report``: exit 2,
+    nothing written); catches an unvalidated block or a report that silently falls back to t."""
+    import yaml
+
+    from ursa_ray.cli import main
+    from ursa_ray.grid import GridError, parse_grid
+
+    grid = (Path(__file__).parents[1] / "grids" / "quickstart.yaml").read_text() + f"\nstatistics: {block}\n"
+    with pytest.raises(GridError) as refused:
+        parse_grid(yaml.safe_load(grid), "g.yaml")
+    assert str(refused.value).startswith(f"g.yaml: {field}: ") and "\n" not in str(refused.value)
+    write_results(tmp_path, {("a", "mlp", "digits", 0): {"accuracy": 0.9}})
+    (tmp_path / "grid.yaml").write_text(grid)
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {tmp_path / 'grid.yaml'}: {field}: ")
+    assert not (tmp_path / "report.md").exists()
+
+
+def test_corruption_table_gives_the_interval_over_seeds_and_labels_the_spread_over_types(tmp_path):
+    """Per seed the mean over corruption types, then Student t over the 3 seeds (hand computed), beside the
+    inter-quartile range over types of the per-type means; catches the old table (mean [IQR], no interval
+    over seeds) and an interval taken over types instead of seeds."""
+    from analysis.corruption_shift import corruption_rows, corruption_table
+    from analysis.tables import load_results
+
+    types = {"gaussian_noise": [0.70, 0.74, 0.72], "blur": [0.60, 0.61, 0.65], "fog": [0.50, 0.52, 0.48]}
+    values = {
+        ("a", "mlp", "digits", seed): {
+            "accuracy": 0.9,
+            **{(f"corrupt:{name}:1", "accuracy"): by_seed[seed] for name, by_seed in types.items()},
+        }
+        for seed in range(3)
+    }
+    write_results(tmp_path, values)
+    results = load_results(tmp_path)
+    table = corruption_table(corruption_rows(results.metrics, results.trials)).loc[("a", 1)]
+    per_seed = np.mean(list(types.values()), axis=0)
+    mean, low, high = per_seed.mean(), *mean_interval(per_seed)[1:]
+    assert table["accuracy"] == f"{mean:.3f} [{low:.3f}, {high:.3f}] n=3"
+    q25, q75 = np.quantile([np.mean(v) for v in types.values()], [0.25, 0.75])
+    assert table["accuracy IQR over types"] == f"[{q25:.3f}, {q75:.3f}]"

@@ -142,7 +142,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         _check_tables(args.results)
         text = write_report(args.results, cost=args.cost, alpha=args.alpha)
-    except (NotAResultsDirectory, DamagedPart) as exc:
+    except (NotAResultsDirectory, DamagedPart, GridError) as exc:  # GridError: grid.yaml's statistics block
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(text)

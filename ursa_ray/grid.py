@@ -79,7 +79,11 @@ TOP_KEYS = {
     "search": f"the hyperparameter search phase {sorted(SEARCH_KEYS)}",
     "reference": "a reference posterior for every classification cell {method: hmc, chains, n_samples, burn_in, "
     "prior_std, temperature, ...} (docs/fidelity.md)",
+    "statistics": "how the report's per-cell intervals over seeds are computed {interval: t or bootstrap} "
+    "(default t; docs/statistics.md)",
 }
+STATISTICS_INTERVALS = ("t", "bootstrap")
+"""The values of the grid's ``statistics.interval`` (the same as :data:`analysis.intervals.INTERVALS`)."""
 REQUIRED = ("name", "methods", "models", "datasets", "seeds")
 METHOD_KEYS = (
     "name",
@@ -174,6 +178,9 @@ class Grid:
     reference: dict[str, Any] | None = None
     """The validated ``reference`` settings (:mod:`ursa_ray.reference`), carried by every final spec of a
     classification cell; None: no reference."""
+    statistics: dict[str, str] = field(default_factory=lambda: {"interval": "t"})
+    """The validated ``statistics`` block (:func:`parse_statistics`): how ``ursa-ray report`` computes intervals;
+    it changes no trial."""
 
     def cells(self) -> list[dict[str, Any]]:
         """(method, model, dataset, complexity) combinations, each a dict ready for trial specs."""
@@ -802,6 +809,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     vectorize_seeds = _int(path, "vectorize_seeds", raw.get("vectorize_seeds", DEFAULT_VECTORIZE_SEEDS), 1)
     search = parse_search_settings(path, raw.get("search"), _fail)
     reference = _parse_reference(path, raw.get("reference"))
+    statistics = parse_statistics(path, raw.get("statistics"))
     if search is None and any(m.search_space for m in method_entries):
         raise _fail(path, "search", "methods declare search spaces but the grid has no search block")
 
@@ -854,6 +862,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         max_trials=max_trials,
         source=yaml.safe_dump(raw, sort_keys=False),
         reference=reference,
+        statistics=statistics,
     )
     n_final = grid.n_final_trials()
     if n_final > max_trials:
@@ -864,6 +873,22 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
             f"max_trials ({max_trials:,}); use fewer seeds or cells, or set max_trials: {n_final} to run them all",
         )
     return grid
+
+
+def parse_statistics(path: str, raw: Any) -> dict[str, str]:
+    """The grid-wide ``statistics`` block, ``{interval: t | bootstrap}`` (default ``t``); ``ursa-ray report``
+    reads it from the results' ``grid.yaml``.  A bad value is one line naming ``statistics.KEY``."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise _fail(path, "statistics", f"expected {TOP_KEYS['statistics']}, got {raw!r}")
+    for key in raw:
+        if key != "interval":
+            raise _fail(path, f"statistics.{key}", "unknown key; allowed: interval")
+    interval = raw.get("interval", "t")
+    if interval not in STATISTICS_INTERVALS:
+        raise _fail(path, "statistics.interval", f"expected one of {', '.join(STATISTICS_INTERVALS)}, got {interval!r}")
+    return {"interval": interval}
 
 
 def _parse_reference(path: str, raw: Any) -> dict[str, Any] | None:
