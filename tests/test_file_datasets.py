@@ -121,6 +121,74 @@ def test_npz_grayscale_images_of_shape_n_h_w_get_one_channel(tmp_path, capsys):
     assert ds.pixel_mean[0] == pytest.approx(images[:15].mean(), rel=1e-6)
 
 
+N_STEPS, N_STEP_FEATURES = 6, 3
+
+
+def sequences(
+    n_train: int = N_TRAIN, n_test: int = N_TEST, steps: int = N_STEPS, seed: int = RNG_SEED, pad: float = 0.0
+):
+    """Sequences (n, steps, 3) of 2..steps real steps (``lengths_*``), every step past a length set to ``pad``
+    (zeros, as Keras's pad_sequences writes), features on different scales; labels 0..2."""
+    rng = np.random.default_rng(seed)
+    n = n_train + n_test
+    x = rng.normal(5.0, 1.0, (n, steps, N_STEP_FEATURES)) * SCALES[:N_STEP_FEATURES]
+    lengths = rng.integers(2, steps + 1, n)
+    lengths[0] = steps  # one full-length sequence
+    x[np.arange(steps) >= lengths[:, None]] = pad
+    y = np.arange(n) % N_CLASSES
+    return {
+        "x_train": x[:n_train],
+        "y_train": y[:n_train],
+        "lengths_train": lengths[:n_train],
+        "x_test": x[n_train:],
+        "y_test": y[n_train:],
+        "lengths_test": lengths[n_train:],
+    }
+
+
+def test_npz_sequences_are_padded_with_nan_and_standardised_over_real_steps(tmp_path):
+    arrays = sequences(pad=1.0e6)  # padding that would swamp the statistics if it were counted
+    np.savez(tmp_path / "seq.npz", **arrays)
+    ood = sequences(n_train=0, n_test=5, steps=N_STEPS + 3, seed=1)  # longer sequences, NaN padded, no lengths
+    ood_x = ood["x_test"].copy()
+    ood_x[np.arange(N_STEPS + 3) >= ood["lengths_test"][:, None]] = np.nan
+    np.savez(tmp_path / "ood.npz", x_test=ood_x)
+    grid = write_grid(tmp_path, npz_entry("seq.npz", layout="sequence", ood={"longer": "ood.npz"}))
+    spec = first_spec(grid)
+    assert not data.dataset_spec(spec["dataset"], spec["dataset_file"]).images
+    ds = load_as_trial(grid)
+    assert ds.input_shape == (N_STEPS, N_STEP_FEATURES) and ds.pixel_mean is None  # no pixels: no attacks
+    real = np.arange(N_STEPS) < arrays["lengths_train"][:, None]
+    steps = arrays["x_train"][real]  # (real steps, features)
+    mean, std = steps.mean(0), steps.std(0)
+    for part in ("train", "test"):
+        x, lengths = getattr(ds, f"{part}_x").numpy(), arrays[f"lengths_{part}"]
+        padding = np.arange(N_STEPS) >= lengths[:, None]
+        assert np.isnan(x[padding]).all() and not np.isnan(x[~padding]).any()
+        np.testing.assert_allclose(x[~padding], (arrays[f"x_{part}"][~padding] - mean) / std, rtol=1e-5, atol=1e-5)
+    assert ds.ood["longer"].shape == (5, N_STEPS + 3, N_STEP_FEATURES)
+    ood_real = ~np.isnan(ood_x).all(axis=2)
+    np.testing.assert_allclose(ds.ood["longer"].numpy()[ood_real], (ood_x[ood_real] - mean) / std, rtol=1e-5, atol=1e-5)
+    assert np.isnan(ds.ood["longer"].numpy()[~ood_real]).all()
+
+
+def test_a_sequence_file_runs_through_a_trial_with_lstm(tmp_path, capsys):
+    np.savez(tmp_path / "seq.npz", **sequences())
+    np.savez(tmp_path / "ood.npz", x_test=sequences(n_train=0, n_test=8, seed=1)["x_test"][..., ::-1] * 3)
+    grid = write_grid(
+        tmp_path,
+        npz_entry("seq.npz", layout="sequence", ood={"far": "ood.npz"}),
+        models=[{"name": "lstm", "options": {"hidden": 4}}],
+        bit_depths=["int8"],
+    )
+    assert main(["validate", str(grid)]) == 0, capsys.readouterr().err  # no epsilons asked: sequences have no pixels
+    outcome = run_trial(first_spec(grid), torch.device("cpu"))
+    values = {(m["eval_set"], m["metric"]): m["value"] for m in outcome.metrics}
+    assert {m["eval_set"] for m in outcome.metrics} == {"test", "far", "cost", "test@int8", "far@int8"}
+    assert 0.0 <= values["test", "accuracy"] <= 1.0 and np.isfinite(values["test", "nll"])
+    assert np.isfinite(values["far", "ood_auroc_entropy"])
+
+
 def test_parquet_one_table_with_a_split_column(tmp_path):
     arrays = tabular()
     columns = ["a", "b", "c", "d"]
@@ -268,6 +336,32 @@ def _bad_ood_width(tmp_path: Path) -> None:
     np.savez(tmp_path / "ood.npz", x_test=np.zeros((5, 3)))
 
 
+def _sequences(tmp_path: Path, name: str = "seq.npz", **changes: Any) -> None:
+    arrays = {**sequences(), **changes}
+    np.savez(tmp_path / name, **{k: v for k, v in arrays.items() if v is not None})
+
+
+def _nan_in_a_sequence(tmp_path: Path) -> None:
+    x = sequences()["x_train"].copy()
+    x[0, 1, 2] = np.nan  # sequence 0 has every step real
+    _sequences(tmp_path, x_train=x)
+
+
+def _nan_step_before_a_real_one(tmp_path: Path) -> None:
+    x = sequences()["x_train"].copy()
+    x[0, 2] = np.nan  # a whole-NaN step inside the full-length sequence 0
+    _sequences(tmp_path, x_train=x, lengths_train=None)
+
+
+def _ood_sequences_of_other_features(tmp_path: Path) -> None:
+    _sequences(tmp_path)
+    np.savez(tmp_path / "ood.npz", x_test=np.zeros((4, N_STEPS + 2, N_STEP_FEATURES + 1)))
+
+
+def seq_entry(**file: Any) -> dict[str, Any]:
+    return npz_entry("seq.npz", layout="sequence", **file)
+
+
 BAD = {
     "missing file": (lambda p: None, npz_entry("absent.npz"), "file.path", "no such file: "),
     "wrong array names": (
@@ -348,6 +442,67 @@ BAD = {
         "a regression set needs the known observation noise std",
     ),
     "key of another format": (_npz, npz_entry(label="y"), "file.label", "only for format parquet, not npz"),
+    "unknown layout": (
+        _sequences,
+        npz_entry("seq.npz", layout="seq"),
+        "file.layout",
+        "unknown layout 'seq'; allowed: ",
+    ),
+    "layout of another format": (_parquet, _parquet_entry(layout="sequence"), "file.layout", "only for format npz"),
+    "sequences not 3-D": (
+        _npz,
+        npz_entry(layout="sequence"),
+        "file.path",
+        "x_train has shape (60, 4); layout sequence expects (n, time steps, features)",
+    ),
+    "lengths without layout": (
+        _sequences,
+        npz_entry("seq.npz"),
+        "file.path",
+        "holds lengths_train, read only for sequences: add layout: sequence",
+    ),
+    "length 0": (
+        lambda p: _sequences(p, lengths_train=np.where(np.arange(N_TRAIN) == 4, 0, N_STEPS)),
+        seq_entry(),
+        "file.path",
+        f"lengths_train holds 0, outside 1..{N_STEPS} (the time steps of x_train)",
+    ),
+    "length past the steps": (
+        lambda p: _sequences(p, lengths_test=np.full(N_TEST, N_STEPS + 1)),
+        seq_entry(),
+        "file.path",
+        f"lengths_test holds {N_STEPS + 1}, outside 1..{N_STEPS}",
+    ),
+    "lengths not one per sequence": (
+        lambda p: _sequences(p, lengths_train=np.full(N_TRAIN - 1, 2)),
+        seq_entry(),
+        "file.path",
+        f"lengths_train has shape ({N_TRAIN - 1},); expected one length per sequence of x_train, ({N_TRAIN},)",
+    ),
+    "fractional lengths": (
+        lambda p: _sequences(p, lengths_train=np.full(N_TRAIN, 2.5)),
+        seq_entry(),
+        "file.path",
+        "lengths_train must hold integers",
+    ),
+    "nan inside a sequence": (
+        _nan_in_a_sequence,
+        seq_entry(),
+        "file.path",
+        "x_train holds 1 NaN or infinite value(s) in its sequences' steps (padding: the steps past lengths_train)",
+    ),
+    "nan step before a real one": (
+        _nan_step_before_a_real_one,
+        seq_entry(),
+        "file.path",
+        "x_train: sequence 0 has a whole-NaN step before a real one",
+    ),
+    "ood sequences of other features": (
+        _ood_sequences_of_other_features,
+        seq_entry(ood={"far": "ood.npz"}),
+        "file.ood.far",
+        f"x_test has input shape ({N_STEP_FEATURES + 1},), the dataset ({N_STEP_FEATURES},) (features per step)",
+    ),
 }
 
 

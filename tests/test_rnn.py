@@ -108,3 +108,24 @@ def test_sequence_datasets_read_digits_row_by_row():
     imbalanced = data.get_dataset("mnist_5k_seq_imbalanced").load({}, (), None, False, 0)
     assert imbalanced.input_shape == (28, 28) and (imbalanced.train_y == 3).sum() == 40
     assert data.get_dataset("mnist_5k_seq_imbalanced").decision_task
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_variable_lengths_from_an_npz_file_give_what_the_shorter_sequences_give(kind, tmp_path):
+    """A file's ``lengths_*`` make the steps past each length padding (here 99s, as a file may hold anything
+    there): the model's output on a padded sequence equals its output on the sequence cut to its length."""
+    from ursa_ray.data.files import load_file_dataset, parse_file_settings
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(12, 7, 2))
+    lengths = np.array([7, 1, 3, 5] * 3)
+    x[np.arange(7) >= lengths[:, None]] = 99.0
+    y = np.arange(12) % 2
+    np.savez(tmp_path / "s.npz", x_train=x, y_train=y, lengths_train=lengths, x_test=x, y_test=y, lengths_test=lengths)
+    block = {"format": "npz", "path": "s.npz", "task": "classification", "layout": "sequence"}
+    ds = load_file_dataset("s", parse_file_settings(block, tmp_path), {}, (), tmp_path, False, 0)
+    torch.manual_seed(0)
+    model = build_recurrent(kind)(ds.input_shape, 2, hidden=5, layers=2, bidirectional=True, pooling="mean")
+    together = model(ds.test_x)
+    for i, length in enumerate(lengths):
+        torch.testing.assert_close(together[i], model(ds.test_x[i : i + 1, :length])[0])

@@ -8,6 +8,7 @@ A grid's dataset entry gives a ``file`` block instead of a registered name::
         format: npz                      # npz | parquet | image_folder
         path: data/my.npz                # relative to the grid file's folder
         task: classification             # or regression (then noise_std: the known observation noise)
+        layout: sequence                 # optional, npz only: tabular | image | sequence (default: by shape)
         ood: {noise_like: data/ood.npz}  # optional: OOD files in the same format (their test part)
 
 Formats (one ``path`` each):
@@ -16,6 +17,12 @@ Formats (one ``path`` each):
   tabular; (n, height, width), (n, channels, height, width) or channels last (n, height, width, channels)
   are images of 1 or 3 channels (a 4-D array is channels first when its second size is 1 or 3, else channels
   last when its last size is; anything else is refused), with pixels uint8 0–255 or numbers in [0, 1].
+  With ``layout: sequence``, ``x`` of shape (n, T, F) holds n sequences of T steps of F features (for
+  ``lstm``/``gru``), and optional ``lengths_train`` / ``lengths_test`` (n integers in 1..T) say how many
+  leading steps of each sequence are real: the steps past a length are padding, whatever they hold.  Without
+  lengths, whole-NaN steps at the end of a sequence are its padding.  Padding becomes NaN steps, the form
+  :func:`ursa_ray.data.sequence.pad_sequences` writes and the recurrent models skip; any other NaN or
+  infinite value is refused.  Test and OOD sequences may have another T than the training ones, not another F.
 - ``parquet``: one table; ``label`` names the label column, ``features`` the input columns (default:
   every column but the label and split columns), ``split`` the column (default ``split``) whose value,
   ``train`` or ``test``, puts each row in its part.  Tabular.
@@ -28,7 +35,8 @@ Formats (one ``path`` each):
 Labels of a classification set are the integers 0..K−1, K = the largest training label + 1, each class
 present in the training part; regression targets are numbers (one per row), left as they are.  Inputs are
 normalised with statistics of the training part only: tabular features standardised per column (a
-constant column is centred only); images per channel, x = (pixel − mean) / std, the mean and std kept in
+constant column is centred only); sequence features likewise over every real (non-padding) training step;
+images per channel, x = (pixel − mean) / std, the mean and std kept in
 :attr:`Dataset.pixel_mean` / :attr:`Dataset.pixel_std` so that attacks and corruptions work in pixel space.
 An OOD file is read as the test part of a file in the same format (npz ``x_test``; the Parquet rows whose
 split is ``test``, their feature columns; the image folder's ``test/``), its labels ignored, and normalised
@@ -61,9 +69,16 @@ FORMATS = ("npz", "parquet", "image_folder")
 TASKS = ("classification", "regression")
 NPZ_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 SPLITS = ("train", "test")
+LAYOUTS = {
+    "tabular": "(n, features)",
+    "image": "(n, height, width), (n, channels, height, width) or (n, height, width, channels)",
+    "sequence": "(n, time steps, features)",
+}
+"""What an npz ``x`` array may hold (the ``layout`` key), with the shapes each takes."""
+LAYOUT_NDIMS = {"tabular": (2,), "image": (3, 4), "sequence": (3,)}
 DEFAULT_SPLIT_COLUMN = "split"
-FILE_KEYS = ("format", "path", "task", "noise_std", "label", "features", "split", "size", "ood")
-FORMAT_KEYS = {"parquet": ("label", "features", "split"), "image_folder": ("size",)}
+FILE_KEYS = ("format", "path", "task", "noise_std", "layout", "label", "features", "split", "size", "ood")
+FORMAT_KEYS = {"npz": ("layout",), "parquet": ("label", "features", "split"), "image_folder": ("size",)}
 """Keys only one format takes."""
 SET_NAME = re.compile(r"[A-Za-z0-9_-]+")
 RESERVED_SET_NAMES = ("test", "validation", "cost")
@@ -127,6 +142,10 @@ def parse_file_settings(raw: Any, base: Path) -> dict[str, Any]:
             )
     elif "noise_std" in raw:
         raise FileDatasetError("noise_std", "only for task regression")
+    if "layout" in raw:
+        if raw["layout"] not in LAYOUTS:
+            raise FileDatasetError("layout", f"unknown layout {raw['layout']!r}; allowed: {', '.join(LAYOUTS)}")
+        out["layout"] = raw["layout"]
     if fmt == "parquet":
         out.update(_parquet_columns(raw))
     if fmt == "image_folder" and "size" in raw:
@@ -196,16 +215,17 @@ def _parquet_columns(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class _Parts:
-    """The raw parts (``train``, ``test``) of one file: inputs ``x`` (tabular n × d, or images n × C × H × W
-    float pixels in [0, 1]) and labels ``y`` (none for an OOD file); ``names`` says how messages name
-    ``x_train``, ``y_test``, …, and ``fields`` which key of the ``file`` block a problem in the inputs
-    (``x``), the labels (``y``) or the split into parts (``parts``: an empty one) concerns."""
+    """The raw parts (``train``, ``test``) of one file: inputs ``x`` (``layout`` tabular n × d, image n × C × H × W
+    float pixels in [0, 1], or sequence n × T × F with NaN padding steps) and labels ``y`` (none for an OOD
+    file); ``names`` says how messages name ``x_train``, ``y_test``, …, and ``fields`` which key of the ``file``
+    block a problem in the inputs (``x``), the labels (``y``) or the split into parts (``parts``: an empty one)
+    concerns."""
 
     x: dict[str, np.ndarray]
     y: dict[str, np.ndarray]
     names: dict[str, str]
     fields: dict[str, str]
-    images: bool
+    layout: str
     columns: list[str] | None = None
 
 
@@ -237,21 +257,36 @@ def _read_npz(
                     f"{path} has no array {', '.join(missing)}; {holds} (found: {', '.join(npz.files) or 'none'})",
                 )
             arrays = {a: npz[a] for a in wanted}
+            lengths = {p: npz[f"lengths_{p}"] for p in parts if f"lengths_{p}" in npz.files}
     except FileDatasetError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # a pickled object array, a damaged file
         raise FileDatasetError(field, f"cannot read {path} as .npz: {' '.join(str(exc).split())}") from None
-    images = arrays[f"x_{parts[0]}"].ndim in (3, 4)
-    x = {p: _npz_inputs(arrays[f"x_{p}"], f"x_{p}", field, images) for p in parts}
+    layout = settings.get("layout") or ("image" if arrays[f"x_{parts[0]}"].ndim in (3, 4) else "tabular")
+    if layout != "sequence" and lengths:
+        raise FileDatasetError(
+            field,
+            f"{path} holds lengths_{next(iter(lengths))}, read only for sequences: add layout: sequence to the file block",
+        )
+    if layout == "sequence":
+        x = {p: _sequence_inputs(arrays[f"x_{p}"], lengths.get(p), f"x_{p}", field) for p in parts}
+    else:
+        x = {p: _npz_inputs(arrays[f"x_{p}"], f"x_{p}", field, layout, "layout" in settings) for p in parts}
     y = {p: arrays[f"y_{p}"] for p in parts if f"y_{p}" in arrays}
-    return _Parts(x, y, {a: a for a in NPZ_ARRAYS}, {"x": field, "y": field, "parts": field}, images)
+    return _Parts(x, y, {a: a for a in NPZ_ARRAYS}, {"x": field, "y": field, "parts": field}, layout)
 
 
-def _npz_inputs(x: np.ndarray, name: str, field: str, images: bool) -> np.ndarray:
-    """An npz input array checked (shape, numbers, finite), images as float pixels (n, C, H, W) in [0, 1]."""
-    layouts = "(n, features), (n, height, width), (n, channels, height, width) or (n, height, width, channels)"
-    if x.ndim not in (2, 3, 4):
-        raise FileDatasetError(field, f"{name} has shape {x.shape}; expected {layouts}")
+def _npz_inputs(x: np.ndarray, name: str, field: str, layout: str, declared: bool) -> np.ndarray:
+    """An npz input array checked (shape, numbers, finite), images as float pixels (n, C, H, W) in [0, 1].
+    ``layout`` is tabular or image, ``declared`` when the file block names it (else it was read off the shape)."""
+    layouts = f"{LAYOUTS['tabular']}, {LAYOUTS['image']}"
+    if x.ndim not in LAYOUT_NDIMS[layout]:
+        expected = (
+            f"layout {layout} expects {LAYOUTS[layout]}"
+            if declared
+            else f"expected {layouts}; or, with layout: sequence, {LAYOUTS['sequence']}"
+        )
+        raise FileDatasetError(field, f"{name} has shape {x.shape}; {expected}")
     if 0 in x.shape[1:]:
         raise FileDatasetError(
             field, f"{name} has shape {x.shape}: an example of size 0; expected {layouts}, each size >= 1"
@@ -266,7 +301,7 @@ def _npz_inputs(x: np.ndarray, name: str, field: str, images: bool) -> np.ndarra
                 "(n, channels, height, width) or last (n, height, width, channels)",
             )
     _numeric_finite(x, name, field)
-    if not images:
+    if layout == "tabular":
         return x
     if x.ndim == 3:
         x = x[:, None]
@@ -278,6 +313,56 @@ def _npz_inputs(x: np.ndarray, name: str, field: str, images: bool) -> np.ndarra
             f"{name}: image pixels must be uint8 (0-255) or numbers in [0, 1]; found values in [{x.min():g}, {x.max():g}]",
         )
     return x.astype(np.float32)
+
+
+def _sequence_inputs(x: np.ndarray, lengths: np.ndarray | None, name: str, field: str) -> np.ndarray:
+    """Sequences (n, T, F) as float64 with every padding step NaN: the steps past ``lengths`` (n integers in
+    1..T) or, without lengths, the whole-NaN steps at the end of each sequence.  Any other NaN or infinite
+    value, a NaN step before a real one, or a sequence that is all padding is refused."""
+    if x.ndim != 3 or 0 in x.shape[1:]:
+        raise FileDatasetError(
+            field, f"{name} has shape {x.shape}; layout sequence expects {LAYOUTS['sequence']}, each size >= 1"
+        )
+    if x.dtype.kind not in "biuf":
+        raise FileDatasetError(field, f"{name} must hold numbers, got dtype {x.dtype}")
+    n, steps = x.shape[:2]
+    x = x.astype(np.float64)
+    lengths_name = f"lengths_{name.removeprefix('x_')}"
+    if lengths is None:
+        real = ~np.isnan(x).all(axis=2)
+        counts = real.sum(axis=1)
+        gap = np.flatnonzero((real != (np.arange(steps) < counts[:, None])).any(axis=1))
+        if gap.size:
+            raise FileDatasetError(
+                field,
+                f"{name}: sequence {gap[0]} has a whole-NaN step before a real one; padding (whole-NaN steps) "
+                f"comes at the end of a sequence, or give {lengths_name}",
+            )
+        padding = "whole-NaN steps at the end"
+    else:
+        if lengths.ndim != 1 or len(lengths) != n:
+            raise FileDatasetError(
+                field, f"{lengths_name} has shape {lengths.shape}; expected one length per sequence of {name}, ({n},)"
+            )
+        if lengths.dtype.kind not in "biuf" or not np.isfinite(lengths).all() or (lengths != np.round(lengths)).any():
+            raise FileDatasetError(field, f"{lengths_name} must hold integers (steps per sequence)")
+        counts = lengths.astype(np.int64)
+        padding = f"the steps past {lengths_name}"
+        x[np.arange(steps) >= counts[:, None]] = np.nan
+    outside = np.flatnonzero((counts < 1) | (counts > steps))
+    if outside.size and lengths is None:
+        raise FileDatasetError(field, f"{name}: sequence {outside[0]} is padding only (every step NaN)")
+    if outside.size:
+        raise FileDatasetError(
+            field, f"{lengths_name} holds {counts[outside[0]]}, outside 1..{steps} (the time steps of {name})"
+        )
+    real_steps = x[np.arange(steps) < counts[:, None]]
+    bad = int(real_steps.size - np.count_nonzero(np.isfinite(real_steps)))
+    if bad:
+        raise FileDatasetError(
+            field, f"{name} holds {bad} NaN or infinite value(s) in its sequences' steps (padding: {padding})"
+        )
+    return x
 
 
 def _read_parquet(
@@ -328,7 +413,7 @@ def _read_parquet(
             y[part] = rows[settings["label"]].to_numpy(dtype=np.float64, na_value=np.nan)
             names[f"y_{part}"] = f"label column {settings['label']!r} in the {part} rows"
     fields = {"x": field, "parts": field} if ood else {"x": "features", "y": "label", "parts": "split"}
-    return _Parts(x, y, names, fields, images=False, columns=list(features))
+    return _Parts(x, y, names, fields, layout="tabular", columns=list(features))
 
 
 def _read_image_folder(
@@ -373,7 +458,7 @@ def _read_image_folder(
         if like is None:
             y[part] = _folder_labels(folders, part, root, field)
     names = {f"{v}_{p}": f"{root / p}" for p in SPLITS for v in "xy"}
-    return _Parts(x, y, names, {"x": field, "y": field, "parts": field}, images=True)
+    return _Parts(x, y, names, {"x": field, "y": field, "parts": field}, layout="image")
 
 
 def _folder_labels(folders: Mapping[str, Any], part: str, root: Path, field: str) -> np.ndarray:
@@ -406,12 +491,14 @@ def _numeric_finite(a: np.ndarray, name: str, field: str) -> None:
 
 
 def _check_parts(raw: _Parts) -> None:
-    """Every part non-empty and finite; labels one per row; test inputs shaped as training inputs."""
+    """Every part non-empty and finite (sequences: but their NaN padding, checked when read); labels one per
+    row; test inputs shaped as training inputs (sequences: the same features per step, any number of steps)."""
     for part, x in raw.x.items():
         name = raw.names[f"x_{part}"]
         if len(x) == 0:
             raise FileDatasetError(raw.fields["parts"], f"the {part} part is empty ({name})")
-        _numeric_finite(x, name, raw.fields["x"])
+        if raw.layout != "sequence":
+            _numeric_finite(x, name, raw.fields["x"])
         if part not in raw.y:
             continue
         y, label_name = raw.y[part], raw.names[f"y_{part}"]
@@ -424,11 +511,17 @@ def _check_parts(raw: _Parts) -> None:
         if len(y) != len(x):
             raise FileDatasetError(raw.fields["y"], f"{label_name} has {len(y)} entries but {name} has {len(x)} rows")
         _numeric_finite(y, label_name, raw.fields["y"])
-    if len(raw.x) == 2 and raw.x["test"].shape[1:] != raw.x["train"].shape[1:]:
+    if len(raw.x) == 2 and _example_shape(raw.x["test"], raw.layout) != _example_shape(raw.x["train"], raw.layout):
         raise FileDatasetError(
             raw.fields["x"],
-            f"{raw.names['x_test']} has feature shape {raw.x['test'].shape[1:]} but {raw.names['x_train']} {raw.x['train'].shape[1:]}",
+            f"{raw.names['x_test']} has feature shape {_example_shape(raw.x['test'], raw.layout)} but "
+            f"{raw.names['x_train']} {_example_shape(raw.x['train'], raw.layout)}",
         )
+
+
+def _example_shape(x: np.ndarray, layout: str) -> tuple[int, ...]:
+    """The shape two parts must share: an example's, or for sequences a step's (the lengths may differ)."""
+    return x.shape[2:] if layout == "sequence" else x.shape[1:]
 
 
 def _class_labels(raw: _Parts) -> int:
@@ -462,16 +555,25 @@ def _class_labels(raw: _Parts) -> int:
     return k
 
 
-def _statistics(train: np.ndarray, images: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and std over the training part: per channel for images, per feature otherwise (a zero std → 1)."""
-    axes = (0, 2, 3) if images else (0,)
+def _statistics(train: np.ndarray, layout: str) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std over the training part: per channel for images, per feature otherwise (for sequences over
+    every real step, padding left out); a zero std → 1."""
+    if layout == "sequence":
+        train = train.reshape(-1, train.shape[2])
+        train = train[~np.isnan(train).any(axis=1)]
+    axes = (0, 2, 3) if layout == "image" else (0,)
     mean = train.mean(axis=axes, dtype=np.float64)
     std = train.std(axis=axes, dtype=np.float64)
     return mean, np.where(std > 0, std, 1.0)
 
 
-def _normalise(x: np.ndarray, mean: np.ndarray, std: np.ndarray, images: bool) -> Tensor:
-    shape = (1, -1, 1, 1) if images else (1, -1)
+NORMALISE_SHAPES = {"tabular": (1, -1), "image": (1, -1, 1, 1), "sequence": (1, 1, -1)}
+"""How the per-feature (per-channel) statistics broadcast over each layout's inputs."""
+
+
+def _normalise(x: np.ndarray, mean: np.ndarray, std: np.ndarray, layout: str) -> Tensor:
+    """(x − mean) / std as float32; a sequence's NaN padding stays NaN."""
+    shape = NORMALISE_SHAPES[layout]
     return torch.from_numpy(((x - mean.reshape(shape)) / std.reshape(shape)).astype(np.float32))
 
 
@@ -496,24 +598,27 @@ def load_file_dataset(
     _check_parts(raw)
     classification = settings["task"] == "classification"
     n_outputs = _class_labels(raw) if classification else 1
-    mean, std = _statistics(raw.x["train"], raw.images)
+    mean, std = _statistics(raw.x["train"], raw.layout)
     ood = {}
     for ood_name in ood_names:
         field = f"ood.{ood_name}"
         other = read(settings, Path(settings["ood"][ood_name]), field, ("test",), raw)
         _check_parts(other)
-        if other.images != raw.images or other.x["test"].shape[1:] != raw.x["train"].shape[1:]:
+        shape, expected = _example_shape(other.x["test"], other.layout), _example_shape(raw.x["train"], raw.layout)
+        if other.layout != raw.layout or shape != expected:
             raise FileDatasetError(
                 field,
-                f"{other.names['x_test']} has input shape {other.x['test'].shape[1:]}, the dataset {raw.x['train'].shape[1:]}",
+                f"{other.names['x_test']} has input shape {shape}, the dataset {expected}"
+                + (" (features per step)" if raw.layout == "sequence" else ""),
             )
-        ood[ood_name] = _normalise(other.x["test"], mean, std, raw.images)
+        ood[ood_name] = _normalise(other.x["test"], mean, std, raw.layout)
     targets = (
         (lambda y: torch.from_numpy(y.astype(np.int64)))
         if classification
         else (lambda y: torch.from_numpy(y.astype(np.float32)))
     )
-    train_x = _normalise(raw.x["train"], mean, std, raw.images)
+    train_x = _normalise(raw.x["train"], mean, std, raw.layout)
+    images = raw.layout == "image"
     return Dataset(
         name=name,
         task=settings["task"],
@@ -521,12 +626,12 @@ def load_file_dataset(
         n_outputs=n_outputs,
         train_x=train_x,
         train_y=targets(raw.y["train"]),
-        test_x=_normalise(raw.x["test"], mean, std, raw.images),
+        test_x=_normalise(raw.x["test"], mean, std, raw.layout),
         test_y=targets(raw.y["test"]),
         ood=ood,
         noise_std=settings.get("noise_std"),
-        pixel_mean=tuple(float(m) for m in mean) if raw.images else None,
-        pixel_std=tuple(float(s) for s in std) if raw.images else None,
+        pixel_mean=tuple(float(m) for m in mean) if images else None,
+        pixel_std=tuple(float(s) for s in std) if images else None,
         test_y_observed=not classification,
     )
 
@@ -540,6 +645,7 @@ def file_dataset(name: str, settings: Mapping[str, Any]) -> DatasetSpec:
         description=f"{settings['format']} from {settings['path']}",
         load=partial(load_file_dataset, name, dict(settings)),
         ood_sets=tuple(settings.get("ood", {})),
+        images=settings.get("layout") not in ("tabular", "sequence"),  # npz without a layout: read off the shape
     )
 
 
