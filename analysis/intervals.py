@@ -4,7 +4,8 @@ Per cell (one method, model and dataset), a metric's n seed values x₁..xₙ gi
 
 * ``t`` (default): x̄ ± t_{1−α/2, n−1} · s/√n, Student's t on the seed values (s with ddof = 1);
 * ``bootstrap``: the percentile interval of x̄ over 9,999 resamples of the seeds
-  (:func:`scipy.stats.bootstrap`, fixed random state), for skewed metrics with many seeds.
+  (:func:`scipy.stats.bootstrap`, fixed random state), for skewed metrics with many seeds (it under-covers
+  with few: docs/statistics.md); the grid's ``statistics: {interval: bootstrap}`` chooses it for the report.
 
 One seed gives no interval (NaN bounds; the report says "1 seed: no interval").
 

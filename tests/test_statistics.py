@@ -374,6 +374,10 @@ def test_region_coverage_gets_a_wilson_interval_with_n_the_repetitions():
     low, high = wilson_interval(np.array([1.5]), np.array([2]))
     assert row["coverage"] == 0.75 and (row["coverage_low"], row["coverage_high"]) == pytest.approx((low[0], high[0]))
     assert 0 <= row["coverage_low"] <= row["coverage_high"] <= 1
+    from analysis.coverage import regression_markdown
+
+    shown = regression_markdown(points)  # the report's table shows those Wilson bounds, not a t interval
+    assert f"| 0.750 [{low[0]:.3f}, {high[0]:.3f}] |" in shown
 
 
 def test_grouped_intervals_average_sets_within_a_trial_before_seeds_and_cells():
