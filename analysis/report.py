@@ -14,6 +14,7 @@ import pandas as pd
 
 from analysis.adversarial_robustness import adversarial_table, plot_accuracy_against_epsilon
 from analysis.bit_depth import bit_depth_table
+from analysis.calibration_figures import calibration_section
 from analysis.composites import COMPOSITES, better_direction, composite_coverage, is_ood_set, per_cell_table
 from analysis.corruption_shift import corruption_rows, corruption_table, corruption_values, plot_corruption_shift
 from analysis.fidelity import fidelity_markdown
@@ -208,6 +209,9 @@ def _write_report(
                 "",
                 markdown_table(bits),
             ]
+        calibration_lines, calibration_figures = calibration_section(where, metrics, trials, figures_dir)
+        sections += calibration_lines
+        figures_extra += calibration_figures
         fidelity_text = fidelity_markdown(metrics, trials)
         if fidelity_text:
             sections += ["", "## Fidelity to the reference posterior", "", fidelity_text]
