@@ -22,9 +22,12 @@ from analysis.composites import decision_task_datasets, final_metrics  # noqa: E
 METRICS = ("accuracy", "attack_success_rate", "adv_auroc_mi")
 
 
-def adversarial_table(metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float | None = None) -> pd.DataFrame:
+def adversarial_table(
+    metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float | None = None, interval: str = "t"
+) -> pd.DataFrame:
     """Rows (method, attack, epsilon), columns accuracy, attack_success_rate, adv_auroc_mi; with ``alpha``,
-    text cells ``mean [low, high] n=seeds`` (:func:`analysis.intervals.grouped_intervals`)."""
+    text cells ``mean [low, high] n=seeds`` (:func:`analysis.intervals.grouped_intervals`, per-cell ``interval``:
+    ``t`` or ``bootstrap``)."""
     final = final_metrics(metrics, trials)
     final = final[
         final["eval_set"].str.startswith(("adv:", "transfer:"))
@@ -44,7 +47,7 @@ def adversarial_table(metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float 
     if alpha is not None:
         from analysis.intervals import grouped_intervals, interval_pivot
 
-        table = interval_pivot(grouped_intervals(final, keys, alpha), keys[:3], "metric")
+        table = interval_pivot(grouped_intervals(final, keys, alpha, interval), keys[:3], "metric")
         return table[[m for m in METRICS if m in table.columns]].fillna("-")
     seed_means = final.groupby([*keys, "model", "dataset"])["value"].mean()
     return seed_means.groupby(keys).mean().unstack("metric")[[m for m in METRICS]]

@@ -16,10 +16,13 @@ from analysis.composites import decision_task_datasets, final_metrics, is_ood_se
 COLUMNS = {"accuracy": "accuracy", "nll": "nll", "ood_auroc_mi": "ood_auroc"}
 
 
-def bit_depth_table(metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float | None = None) -> pd.DataFrame:
+def bit_depth_table(
+    metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float | None = None, interval: str = "t"
+) -> pd.DataFrame:
     """Rows (method, scheme) with scheme ``float32`` first; columns accuracy, nll, ood_auroc (empty frame
     when no trial evaluated a lower bit depth); with ``alpha``, text cells ``mean [low, high] n=seeds``
-    (:func:`analysis.intervals.grouped_intervals`; OOD sets averaged within each trial)."""
+    (:func:`analysis.intervals.grouped_intervals`, per-cell ``interval``: ``t`` or ``bootstrap``; OOD sets
+    averaged within each trial)."""
     final = final_metrics(metrics, trials)
     final = final[~final["dataset"].isin(decision_task_datasets(trials)) & final["metric"].isin(COLUMNS)]
     split = final["eval_set"].str.partition("@")
@@ -35,7 +38,9 @@ def bit_depth_table(metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float | 
 
         table = (
             interval_pivot(
-                grouped_intervals(final, ["method", "scheme", "metric"], alpha), ["method", "scheme"], "metric"
+                grouped_intervals(final, ["method", "scheme", "metric"], alpha, interval),
+                ["method", "scheme"],
+                "metric",
             )
             .rename(columns=COLUMNS)
             .fillna("-")

@@ -167,7 +167,7 @@ def _write_report(
         robustness = adversarial_table(metrics, trials)
         if not robustness.empty:
             robustness_figure = plot_accuracy_against_epsilon(robustness, figures_dir / "adversarial.png")
-            robustness = adversarial_table(metrics, trials, alpha)
+            robustness = adversarial_table(metrics, trials, alpha, interval)
             figures_extra.append(robustness_figure)
             sections += [
                 "",
@@ -198,7 +198,7 @@ def _write_report(
                 "",
                 f"![corruption_shift](figures/{shift_figure.name})",
             ]
-        bits = bit_depth_table(metrics, trials, alpha)
+        bits = bit_depth_table(metrics, trials, alpha, interval)
         if not bits.empty:
             sections += [
                 "",

@@ -408,12 +408,24 @@ def bootstrap_text(values) -> str:
 
 
 def test_a_grid_asking_for_bootstrap_gives_a_report_of_bootstrap_intervals(tmp_path):
-    """The results' grid.yaml says ``statistics: {interval: bootstrap}``: the per-cell table and the one-cell
-    composite show scipy's percentile-bootstrap interval and not Student's t (catches the key not reaching
-    the report, or the composite of one cell ignoring its cell's interval)."""
+    """The results' grid.yaml says ``statistics: {interval: bootstrap}``: the per-cell table, the one-cell
+    composite, the adversarial and the bit-depth tables show scipy's percentile-bootstrap interval and not
+    Student's t (catches the key not reaching the report or one of its tables, or the composite of one cell
+    ignoring its cell's interval)."""
     from analysis.report import write_report
 
-    write_results(tmp_path, {("a", "mlp", "digits", s): {"accuracy": v} for s, v in enumerate(BOOTSTRAP_SEEDS)})
+    seeds = {
+        ("a", "mlp", "digits", s): {
+            "accuracy": v,
+            ("adv:pgd_eps0.1", "accuracy"): v,
+            ("adv:pgd_eps0.1", "epsilon"): 0.1,
+            ("adv:pgd_eps0.1", "attack_success_rate"): 1 - v,
+            ("adv:pgd_eps0.1", "adv_auroc_mi"): 0.5,
+            ("test@int8", "accuracy"): v,
+        }
+        for s, v in enumerate(BOOTSTRAP_SEEDS)
+    }
+    write_results(tmp_path, seeds)
     _, t_low, t_high = mean_interval(np.array(BOOTSTRAP_SEEDS))
     t_text = f"[{t_low:.3f}, {t_high:.3f}] n=5"
     write_report(tmp_path)
@@ -427,6 +439,8 @@ def test_a_grid_asking_for_bootstrap_gives_a_report_of_bootstrap_intervals(tmp_p
     composite_row = report.split("## Composite scores")[1].split("\n| a ")[1].split("\n")[0]
     per_cell = report.split("## Per-cell results")[1]
     assert bootstrap_text(BOOTSTRAP_SEEDS) in composite_row and bootstrap_text(BOOTSTRAP_SEEDS) in per_cell
+    for section in ("## Adversarial examples", "## Posterior samples stored at lower bit depths"):
+        assert bootstrap_text(BOOTSTRAP_SEEDS) in report.split(section)[1].split("\n## ")[0], section
     assert t_text not in report
     assert "percentile bootstrap" in per_cell.split("\n")[0]
 
