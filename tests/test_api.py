@@ -10,6 +10,8 @@ import ursa_ray
 from ursa_ray.cli import main
 from ursa_ray.grid import GridError, load_grid
 
+pytestmark = pytest.mark.slow  # starts Ray or runs whole grids: not in the fast tier (-m "not slow")
+
 GRID = {
     "name": "api",
     "methods": [

@@ -418,6 +418,7 @@ def test_a_plugin_that_exits_or_breaks_on_import_is_a_broken_plugin(case, tmp_pa
     )
 
 
+@pytest.mark.slow
 def test_the_command_exits_2_on_a_plugin_calling_sys_exit_0(tmp_path):
     """The real command (its own process): ``sys.exit(0)`` in a plug-in is not a silent success."""
     (tmp_path / "quits.py").write_text("import sys\nsys.exit(0)\n")
@@ -450,6 +451,7 @@ def test_a_request_no_node_can_meet_is_one_line_and_writes_nothing(ray_session, 
     assert files(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_a_deleted_metrics_table_is_reported_and_restored_by_a_rerun(ray_session, tmp_path, capsys):
     npz(tmp_path)
     grid = tmp_path / "grid.yaml"

@@ -183,6 +183,7 @@ LONE_LOOPS = {"deep_ensemble", "sghmc"}
         ("gped", {"burn_in_epochs": 1}),
     ],
 )
+@pytest.mark.slow
 def test_four_batched_seeds_give_each_seed_its_metrics_alone(method, hyperparameters):
     """Each seed of a batched trial computes what its lone trial computes (:func:`_assert_same_result`:
     test, OOD, corruption, attacked and float16-stored sets), and the seeds differ from each other.  The

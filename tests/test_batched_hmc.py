@@ -14,6 +14,7 @@ against chains run alone.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from exact_blr import make_blr_problem
 from test_hmc import PRIOR_STD, check_exact_posterior
@@ -61,6 +62,7 @@ def count_search_steps(monkeypatch, n_chains: int) -> list[int]:
     return search_steps
 
 
+@pytest.mark.slow
 def test_each_chain_of_a_batched_run_matches_its_exact_posterior(monkeypatch):
     fixtures = [make_blr_problem(n=256, prior_std=PRIOR_STD, seed=s) for s in range(4)]
     search_steps = count_search_steps(monkeypatch, 4)
@@ -103,6 +105,7 @@ def test_batched_kernel_is_bitwise_the_lone_chain(monkeypatch):
         assert stats[k] == lone_stats
 
 
+@pytest.mark.slow
 def test_vmapped_potential_matches_lone_chains_to_float_tolerance():
     cfg = config(step_size=0.02, adapt_step_size=False, n_leapfrog=3, burn_in=20, n_samples=300, step_jitter=0.2)
     samples, stats = batched_draws([make_blr_problem(n=128, seed=s)[0] for s in range(3)], cfg)

@@ -28,6 +28,8 @@ import pandas as pd
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # starts Ray or runs whole grids: not in the fast tier (-m "not slow")
+
 ROOT = Path(__file__).resolve().parents[1]
 RAY = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
 URSA_RAY = shutil.which("ursa-ray") or str(Path(sys.executable).with_name("ursa-ray"))

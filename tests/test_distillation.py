@@ -100,6 +100,7 @@ def mean_kl(p: torch.Tensor, q: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("name", ["bdk", "gped"])
+@pytest.mark.slow
 def test_the_student_matches_a_fixed_teachers_predictive(name):
     problem, test_x = digits_problem()
     student = distilled(name)

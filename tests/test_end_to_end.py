@@ -19,6 +19,8 @@ from ursa_ray.grid import parse_grid
 from ursa_ray.results import METRIC_COLUMNS
 from ursa_ray.tune.runner import run_grid
 
+pytestmark = pytest.mark.slow  # starts Ray or runs whole grids: not in the fast tier (-m "not slow")
+
 TINY = {
     "name": "tiny",
     "methods": [
@@ -255,9 +257,11 @@ def test_first_trial_of_each_worker_records_its_warm_up(tiny_run):
     tune_trials = trials.groupby(["worker_pid", "started_at"]).ngroups
     assert tune_trials == 3 * 2  # 3 methods × 2 datasets, each cell's 2 seeds batched into one trial
     processes = trials["worker_pid"].nunique()
-    # one CPU per trial on a 2-CPU Ray: at most two worker processes, each reused for several of the 6
-    # trials (without reuse every trial would start a process of its own, and warm up again: 6 processes)
-    assert processes <= 2
+    # one CPU per trial on a 2-CPU Ray: worker processes are reused across trials (without reuse every trial
+    # would start a process of its own, and warm up again: 6 processes).  Not always two: while the trials
+    # scored on the transfer source wait for it, no trial is pending and Tune evicts its idle cached actor,
+    # so a later trial may start a third process (and warm it up, which the assertions below check)
+    assert processes < tune_trials
     # the first row of a worker: its first Ray Tune trial (seeds of a batched trial share its start), and in
     # that trial the first seed, which carries the warm-up
     first = trials.sort_values(["started_at", "seed"], kind="stable").groupby("worker_pid").head(1)

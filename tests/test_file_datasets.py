@@ -550,6 +550,7 @@ def test_a_bad_file_block_is_one_line(entry, field, message, tmp_path, capsys):
 # End to end through Ray.
 
 
+@pytest.mark.slow
 def test_a_grid_on_an_npz_dataset_runs_through_ray(ray_session, tmp_path):
     np.savez(tmp_path / "my.npz", **tabular())
     np.savez(tmp_path / "ood.npz", x_test=tabular(seed=1)["x_test"] * 3)

@@ -110,6 +110,7 @@ def test_planetoid_file_missing_names_the_path_and_a_file_loads(tmp_path):
     assert len(ds.ood["left_out_classes"]) == 175
 
 
+@pytest.mark.slow
 def test_linear_gcn_under_hmc_matches_the_exact_blr_on_propagated_features():
     """One layer and a Gaussian likelihood: y = (ÂX)[i] w + b, a BLR on the propagated features whose posterior
     is known (tests/exact_blr.py's check: means within 3 MCSE, marginal stds within 10 %)."""

@@ -59,6 +59,7 @@ def test_mean_within_three_mcse_and_stds_within_ten_percent():
     check_exact_posterior(samples, mean, cov)
 
 
+@pytest.mark.slow
 def test_exact_posterior_check_catches_always_accept(monkeypatch):
     """Mutation test: with the Metropolis-Hastings step replaced by always-accept, the exact-posterior check
     fails; the real HMC passes it at the same fixed step size.

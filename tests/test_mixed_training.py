@@ -272,6 +272,7 @@ def test_hmc_ignores_the_mixed_precision_setting():
 # --- benchmarks/gpu_check.py's part 5 runs ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gpu_check_cpu_smoke_runs_every_part_of_issue_33():
     """``gpu_check.py --cpu-smoke`` (part 5 at tiny sizes on the CPU, CUDA hidden) exits 0 and prints every
     figure the GPU run reports: a step time with its MFU for each network × precision × method, the

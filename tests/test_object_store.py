@@ -22,6 +22,8 @@ from analysis.tables import load_results
 from ursa_ray.cli import main
 from ursa_ray.results import Location, ResultsDirectory
 
+pytestmark = pytest.mark.slow  # starts Ray or runs whole grids: not in the fast tier (-m "not slow")
+
 moto_server = pytest.importorskip("moto.server", reason="needs moto[server] (pip install -e '.[test]')")
 pafs = pytest.importorskip("pyarrow.fs")
 

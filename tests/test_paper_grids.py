@@ -13,6 +13,8 @@ from ursa_ray.data import _vision_files as files
 from ursa_ray.grid import load_grid
 from ursa_ray.trial import run_trial
 
+pytestmark = pytest.mark.slow  # starts Ray or runs whole grids: not in the fast tier (-m "not slow")
+
 GRIDS = Path(__file__).resolve().parents[1] / "grids"
 SHRINK = {
     "epochs": 2,

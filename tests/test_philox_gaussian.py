@@ -123,6 +123,7 @@ def test_values_do_not_depend_on_the_number_of_threads():
     np.testing.assert_allclose(one, 0.9 + 0.5 * standard_normal(n, 11, 4), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_reproducible_and_float64_gets_the_same_values():
     a = standard_normal(64, 3, 5, np.float32)
     b = standard_normal(64, 3, 5, np.float64)

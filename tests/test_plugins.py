@@ -218,6 +218,7 @@ def test_the_example_is_listed_with_its_origin(example_plugin, capsys):
     assert not any("BROKEN" in line for line in lines + listing("models", capsys))
 
 
+@pytest.mark.slow
 def test_the_console_script_lists_the_example(example_plugin):
     script = Path(sys.executable).parent / "ursa-ray"
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's ursa_ray, whatever the installed one points at
@@ -253,6 +254,7 @@ PLUGIN_RUN = {
 }
 
 
+@pytest.mark.slow
 def test_a_grid_runs_the_plugins_beside_a_built_in(example_plugin, ray_session, tmp_path, capsys):
     grid = write_grid(tmp_path, **PLUGIN_RUN)
     out = tmp_path / "results"

@@ -17,6 +17,8 @@ from ursa_ray.regression import anchor_for_dataset
 from ursa_ray.results import Location
 from ursa_ray.trial import TrialRun, compute_reference, stored_or_computed
 
+pytestmark = pytest.mark.slow  # HMC chains and a Ray run: not in the fast tier (-m "not slow")
+
 EXACT = {
     "chains": 4,
     "n_samples": 750,

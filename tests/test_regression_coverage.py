@@ -150,6 +150,7 @@ def synthetic_points() -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+@pytest.mark.slow
 def test_named_points_markdown_and_figures(tmp_path) -> None:
     points = synthetic_points()
     points.to_parquet(tmp_path / "points.parquet")

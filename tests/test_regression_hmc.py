@@ -9,6 +9,7 @@ std must match :func:`anchor_predictive` at every test point up to Monte Carlo e
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from ursa_ray.data.synthetic_regression import make_dataset
@@ -18,6 +19,7 @@ from ursa_ray.models import get_model
 from ursa_ray.regression import anchor_for_dataset
 
 
+@pytest.mark.slow
 def test_hmc_on_true_features_matches_the_anchor() -> None:
     method = registry()["hmc"]
     ds = make_dataset("e2", 1, 0)

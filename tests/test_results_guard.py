@@ -107,6 +107,7 @@ def test_a_directory_locked_by_a_live_run_is_refused(tmp_path, capsys):
         sleeper.wait()
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_run_is_taken_over_with_a_message(tmp_path):
     out = tmp_path / "results"
     code = (

@@ -16,6 +16,8 @@ from ursa_ray.data import digits
 from ursa_ray.grid import parse_grid
 from ursa_ray.trial import run_trial, validation_split
 
+pytestmark = pytest.mark.slow  # starts Ray or runs whole grids: not in the fast tier (-m "not slow")
+
 SEARCH_GRID = {
     "name": "search",
     "methods": [{"name": "sgd", "search": {"lr": {"type": "loguniform", "low": 1.0e-4, "high": 0.5}}}],

@@ -30,6 +30,8 @@ from ursa_ray.tune.search import ComputeBudget, _search_algorithm, search_plan
 from ursa_ray.tune.trainable import pack
 from ursa_ray.tune.trials import Interrupt, ResultsCallback, RunStopper, RunSummary
 
+pytestmark = pytest.mark.slow  # starts Ray or runs whole grids: not in the fast tier (-m "not slow")
+
 MLP = [{"name": "mlp", "options": {"widths": [32]}}]
 DIGITS = [{"name": "digits", "ood": ["noise"]}]
 

@@ -143,6 +143,7 @@ CYCLICAL = {
 
 
 @pytest.mark.parametrize("name", ["csgld", "csghmc"])
+@pytest.mark.slow
 def test_cyclical_sampling_stage_spread(name):
     problem, _, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=0)
     settings = dict(CYCLICAL[name])

@@ -130,6 +130,7 @@ def test_a_clear_shift_is_significant_in_the_right_direction_and_stated(tmp_path
     assert "![cd_accuracy](figures/cd_accuracy.png)" in report
 
 
+@pytest.mark.slow
 def test_same_distribution_methods_are_tied_at_the_stated_rate():
     """Three methods drawn from one distribution on 12 paired units, 300 simulated benchmarks: the share of
     benchmarks stating any ordering (family-wise, Holm over the three pairs) stays within the binomial bound

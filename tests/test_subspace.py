@@ -50,6 +50,7 @@ def run_chain(log_lik_fn, n_steps: int, seed: int) -> tuple[torch.Tensor, int]:
     return torch.stack(chain), evals
 
 
+@pytest.mark.slow
 def test_ess_leaves_gaussian_posterior_invariant():
     """Prior N(0, 2² I), likelihood ∝ N(z; m, Λ⁻¹) → posterior N(μ, Σ), Σ = (I/4 + Λ)⁻¹, μ = Σ Λ m."""
     post_cov = torch.linalg.inv(torch.eye(2, dtype=torch.float64) / PRIOR_STD**2 + LIK_PRECISION)

@@ -50,6 +50,7 @@ def _draws(spec, monkeypatch) -> dict[str, np.ndarray]:
     return probe.draws
 
 
+@pytest.mark.slow
 def test_init_and_minibatch_streams_are_uncorrelated_within_and_across_seeds(specs, monkeypatch):
     a, b = _draws(specs[0], monkeypatch), _draws(specs[1], monkeypatch)
     pairs = {
@@ -75,6 +76,7 @@ def test_stream_seeds_are_spawned_from_one_seed_sequence():
     assert list(seeds.values())[:4] == [int(c.generate_state(1, np.uint64)[0]) for c in first_four]
 
 
+@pytest.mark.slow
 def test_seeds_give_different_networks_and_a_seed_reproduces_every_metric(specs):
     def outcome_metrics(spec):
         return {(m["eval_set"], m["metric"]): m["value"] for m in run_trial(spec).metrics if m["eval_set"] != "cost"}

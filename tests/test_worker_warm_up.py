@@ -12,6 +12,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts fresh Python processes: not in the fast tier (-m "not slow")
+
 SCRIPT = """
 import json, sys, torch
 from ursa_ray.grid import parse_grid
