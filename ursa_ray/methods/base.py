@@ -15,7 +15,7 @@ they land in ``trials.parquet``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -240,10 +240,6 @@ class StorageCount:
     other_values: int = 0
 
 
-StorageDeclaration = Callable[[nn.Module, Mapping[str, Any], int], StorageCount]
-"""``posterior_storage(sample, config, n_samples) -> StorageCount`` (see :class:`StorageCount`)."""
-
-
 def n_parameters(network: nn.Module) -> int:
     """P: the number of parameters of ``network`` (every ``nn.Parameter`` entry)."""
     return sum(p.numel() for p in network.parameters())
@@ -261,37 +257,170 @@ def one_network_storage(sample: nn.Module, config: Mapping[str, Any], n_samples:
     return StorageCount(weights=n_parameters(sample))
 
 
-class Method(Protocol):
+@dataclass(frozen=True)
+class SamplePlan:
+    """The shape of a method's sample stream: C = ``n_chains`` chains of S = ``per_chain`` samples each, C·S
+    samples in all.  Which samples the adversarial model average keeps depends on it
+    (:func:`~ursa_ray.evaluation.adversarial.kept_sample_indices`)."""
+
+    per_chain: int
+    n_chains: int = 1
+
+    @property
+    def total(self) -> int:
+        """C·S, the samples the stream yields."""
+        return self.per_chain * self.n_chains
+
+
+class Method:
     """An approximate-inference method: a name, its hyperparameters, the constraints between them and a
-    sample stream."""
+    sample stream, with a default for everything but the stream (as laplace-torch's ``BaseLaplace`` gives
+    its subclasses theirs).
+
+    A subclass declares ``name``, ``description`` and ``hyperparameters`` and implements
+    :meth:`sample_posterior`; it overrides a default only where the method differs from it:
+
+    - ``constraints``: rules between hyperparameters (:class:`Constraint`); none by default.
+    - ``tasks``: the dataset tasks it supports ("classification", "regression"); None (the default) for every
+      task.  Grid validation refuses any other.
+    - :meth:`sample_plan`: the shape of the stream, S = ``n_samples`` per chain of C = ``n_chains``.
+    - :meth:`sample_posterior_batched` and :meth:`batched_copies`: the streams of several seeds as one
+      batched computation, and its memory rule; :attr:`batchable` says whether the subclass has one.
+    - ``chains_in_turn_when_unbatchable``: how the stream pools its chains on a network that cannot be
+      batched.
+    - :meth:`posterior_storage`: what it stores at test time (default S networks).
+    - :meth:`warm_up`: one-off costs of a fresh worker (default none).
+
+    An object written against the earlier protocol (the same attributes, no base class) is adapted by
+    :func:`as_method`.
+    """
 
     name: str
     description: str
     hyperparameters: tuple[Hyperparameter, ...]
-    constraints: tuple[Constraint, ...]
+    constraints: tuple[Constraint, ...] = ()
+    tasks: tuple[str, ...] | None = None
+    chains_in_turn_when_unbatchable: bool = False
+    """Whether, on a network that cannot be batched (:func:`~ursa_ray.methods.batched.can_batch`), the stream
+    yields its chains one after another (chain 1's S samples, then chain 2's, ...) rather than interleaved
+    (at each sampling step chain 1's sample, then chain 2's, ...: every batched stream, and the default)."""
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
     ) -> Iterator[Predictor]:
-        """Yield ``config['n_samples']`` (or the method's own count) posterior samples as predictors."""
-        ...
+        """Yield the :meth:`sample_plan`'s C·S posterior samples as predictors, each valid until the next
+        is asked for; counters worth recording go into ``stats``."""
+        raise NotImplementedError(f"method {self.name!r} has no sample_posterior")
 
-    # Optional: ``warm_up(device)`` pays the method's one-off costs in a fresh worker (compiling kernels)
-    # before any timed trial; :func:`ursa_ray.trial.warm_up_worker` calls it once per worker process.
-    # Optional: ``sample_posterior_batched(problems, config, stats) -> Iterator[list[Predictor]]`` runs the
-    # streams of several problems (seeds of one grid cell: same N, same configuration, a batchable network)
-    # as one batched computation (:mod:`ursa_ray.methods.batched`); each item holds one predictor per
-    # problem, the s-th sample of each problem's stream, and each stream must be what
-    # ``sample_posterior`` would give that problem (up to float order, or in distribution where it draws
-    # from torch's global generator).  ``batched_copies(config, model) -> int``: the memory one problem's
-    # share of the batched run takes, in networks' training state (the unit of
-    # :func:`~ursa_ray.methods.batched.max_copies`): the networks it trains side by side (ensemble members,
-    # chains) plus what it keeps beside them (SWAG's moments, a Laplace posterior); default 1.
-    # Optional: ``posterior_storage(sample, config, n_samples) -> StorageCount`` declares what the method
-    # stores to represent its posterior at test time (:class:`StorageCount`); without it, S networks
-    # (:func:`sample_networks_storage`).  :func:`posterior_storage_count` reads it.
-    # Optional: ``tasks: tuple[str, ...]`` the dataset tasks the method supports ("classification",
-    # "regression"); grid validation refuses any other (default: every task).
+    def sample_plan(self, config: Mapping[str, Any], problem: Problem) -> SamplePlan:
+        """The shape of :meth:`sample_posterior`'s stream for ``config`` on ``problem``: S = ``n_samples``
+        (1 where the method declares none: a point estimate), C = ``n_chains`` (1 where none)."""
+        return SamplePlan(int(config.get("n_samples", 1)), int(config.get("n_chains", 1)))
+
+    @property
+    def batchable(self) -> bool:
+        """Whether the method has a batched stream: its class overrides :meth:`sample_posterior_batched`."""
+        return type(self).sample_posterior_batched is not Method.sample_posterior_batched
+
+    def sample_posterior_batched(
+        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
+    ) -> Iterator[list[Predictor]]:
+        """The streams of several problems (seeds of one grid cell: same N, same configuration, a batchable
+        network) as one batched computation (:mod:`ursa_ray.methods.batched`); each item holds one
+        predictor per problem, the s-th sample of each problem's stream, and each stream must be what
+        :meth:`sample_posterior` would give that problem (up to float order, or in distribution where it
+        draws from torch's global generator).  None by default (:attr:`batchable` False)."""
+        raise NotImplementedError(f"method {self.name!r} has no batched stream")
+
+    def batched_copies(self, config: Mapping[str, Any], model: nn.Module) -> int:
+        """The memory rule of the batched run: one problem's share, in networks' training state (the unit of
+        :func:`~ursa_ray.methods.batched.max_copies`): the networks it trains side by side (ensemble
+        members, chains) plus what it keeps beside them (SWAG's moments, a Laplace posterior); default 1."""
+        return 1
+
+    def posterior_storage(self, sample: nn.Module, config: Mapping[str, Any], n_samples: int) -> StorageCount:
+        """What the method stores to represent its posterior at test time (:class:`StorageCount`); default
+        S networks (:func:`sample_networks_storage`)."""
+        return sample_networks_storage(sample, config, n_samples)
+
+    def warm_up(self, device: torch.device) -> None:
+        """Pay the method's one-off costs in a fresh worker (compiling kernels) before any timed trial;
+        :func:`ursa_ray.trial.warm_up_worker` calls it once per worker process.  Nothing by default."""
+
+
+class EarlierProtocolMethod(Method):
+    """A method object written against the earlier protocol, without the base class: its own ``name``,
+    ``description``, ``hyperparameters`` and ``sample_posterior``, and whichever of the optional
+    attributes it has (``constraints``, ``tasks``, ``sample_posterior_batched``, ``batched_copies``,
+    ``posterior_storage``, ``warm_up``); the base class's defaults for the others."""
+
+    def __init__(self, item: Any):
+        self.item = item
+        self.name = item.name
+        self.description = item.description
+        self.hyperparameters = item.hyperparameters
+        self.constraints = getattr(item, "constraints", ())
+        self.tasks = getattr(item, "tasks", None)
+        self.chains_in_turn_when_unbatchable = getattr(item, "chains_in_turn_when_unbatchable", False)
+
+    def sample_posterior(
+        self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
+    ) -> Iterator[Predictor]:
+        return self.item.sample_posterior(problem, config, stats)
+
+    def sample_plan(self, config: Mapping[str, Any], problem: Problem) -> SamplePlan:
+        own = getattr(self.item, "sample_plan", None)
+        return own(config, problem) if own is not None else super().sample_plan(config, problem)
+
+    @property
+    def batchable(self) -> bool:
+        return hasattr(self.item, "sample_posterior_batched")
+
+    def sample_posterior_batched(
+        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
+    ) -> Iterator[list[Predictor]]:
+        if not self.batchable:
+            return super().sample_posterior_batched(problems, config, stats)
+        return self.item.sample_posterior_batched(problems, config, stats)
+
+    def batched_copies(self, config: Mapping[str, Any], model: nn.Module) -> int:
+        own = getattr(self.item, "batched_copies", None)
+        return own(config, model) if own is not None else 1
+
+    def posterior_storage(self, sample: nn.Module, config: Mapping[str, Any], n_samples: int) -> StorageCount:
+        own = getattr(self.item, "posterior_storage", None) or sample_networks_storage
+        return own(sample, config, n_samples)
+
+    def warm_up(self, device: torch.device) -> None:
+        own = getattr(self.item, "warm_up", None)
+        if own is not None:
+            own(device)
+
+
+def as_method(item: Any) -> Method:
+    """``item`` itself when it subclasses :class:`Method`, else ``item`` adapted
+    (:class:`EarlierProtocolMethod`)."""
+    return item if isinstance(item, Method) else EarlierProtocolMethod(item)
+
+
+def passes(model: nn.Module, n_samples: int, stats: dict[str, float]) -> Iterator[Predictor]:
+    """The stream of a method whose one trained network is stochastic at test time (dropout masks, weight
+    noise drawn in each forward pass): ``model`` yielded ``n_samples`` times, each counted in
+    ``stats["n_samples"]``."""
+    for s in range(n_samples):
+        stats["n_samples"] = s + 1
+        yield model
+
+
+def batched_passes(
+    models: list[nn.Module], n_samples: int, stats: Sequence[dict[str, float]]
+) -> Iterator[list[Predictor]]:
+    """:func:`passes` for every copy of a batched run: ``models`` (one per problem) yielded ``n_samples``
+    times, each counted in every problem's ``stats``."""
+    for s in range(n_samples):
+        for one in stats:
+            one["n_samples"] = s + 1
+        yield models
 
 
 BUDGET_KEYS = ("epochs", "n_samples", "batch_size")
@@ -321,8 +450,7 @@ def posterior_storage_count(
 ) -> StorageCount:
     """What ``method`` stores for its posterior: its ``posterior_storage`` declaration, else S networks
     (:func:`sample_networks_storage`)."""
-    declaration: StorageDeclaration = getattr(method, "posterior_storage", sample_networks_storage)
-    return declaration(sample, config, n_samples)
+    return as_method(method).posterior_storage(sample, config, n_samples)
 
 
 def _channels_last(p: Tensor) -> bool:
