@@ -38,8 +38,11 @@ from typing import Any
 import ursa_ray.tune.trials as trials_module
 from ursa_ray.grid import parse_grid
 from ursa_ray.results import ResultsDirectory
+from ursa_ray.tune.callback import RunSummary
+from ursa_ray.tune.cluster import connect
+from ursa_ray.tune.interrupt import Interrupt
 from ursa_ray.tune.progress import Progress
-from ursa_ray.tune.trials import Interrupt, RunSummary, connect, run_trials
+from ursa_ray.tune.trials import run_trials
 
 GRID = {
     "name": "driver-bench",

@@ -93,12 +93,12 @@ def test_submit_entry_builds_the_run_command(tmp_path, monkeypatch):
 
 def test_fit_check_counts_node_types_the_autoscaler_may_add(ray_session, tmp_path, monkeypatch):
     from ursa_ray.grid import GridError, parse_grid
-    from ursa_ray.tune import trials
+    from ursa_ray.tune import cluster
 
     grid = parse_grid(dict(TINY, resources={"cpu": 1, "gpu": 1}), str(tmp_path / "gpu.yaml"))
-    monkeypatch.setattr(trials, "LAUNCHER_CONFIG", tmp_path / "absent.yaml")
+    monkeypatch.setattr(cluster, "LAUNCHER_CONFIG", tmp_path / "absent.yaml")
     with pytest.raises(GridError, match="GPU=1, which no node"):
-        trials.check_cluster_fits(grid)
+        cluster.check_cluster_fits(grid)
     launcher = {
         "head_node_type": "head",
         "available_node_types": {
@@ -107,26 +107,24 @@ def test_fit_check_counts_node_types_the_autoscaler_may_add(ray_session, tmp_pat
         },
     }
     (tmp_path / "bootstrap.yaml").write_text(yaml.safe_dump(launcher))
-    monkeypatch.setattr(trials, "LAUNCHER_CONFIG", tmp_path / "bootstrap.yaml")
-    trials.check_cluster_fits(grid)  # the autoscaler can add a g5 worker: Tune waits for it
+    monkeypatch.setattr(cluster, "LAUNCHER_CONFIG", tmp_path / "bootstrap.yaml")
+    cluster.check_cluster_fits(grid)  # the autoscaler can add a g5 worker: Tune waits for it
     launcher["available_node_types"]["gpu_worker"]["max_workers"] = 0
     (tmp_path / "bootstrap.yaml").write_text(yaml.safe_dump(launcher))
     with pytest.raises(GridError, match="GPU=1"):
-        trials.check_cluster_fits(grid)
+        cluster.check_cluster_fits(grid)
 
 
 def test_each_trial_asks_for_its_own_resources_and_the_fit_check_names_who_asks(ray_session, tmp_path, monkeypatch):
     from ursa_ray.grid import GridError, parse_grid
-    from ursa_ray.tune import runner, trials
-    from ursa_ray.tune.trainable import pack
+    from ursa_ray.tune import cluster, runner
+    from ursa_ray.tune.trainable import pack, placement
 
     methods = ["sgd", {"name": "mc_dropout", "resources": {"gpu": 0}}]  # the method's gpu wins over the model's
     models = [{"name": "mlp", "options": {"widths": [16]}}, {"name": "linear", "resources": {"gpu": 1}}]
     path = str(tmp_path / "g.yaml")
     grid = parse_grid(dict(TINY, methods=methods, models=models), path)
-    asked = {
-        (s["label"], s["model"]): trials.placement({"specs": pack([s])}).required_resources for s in grid.trial_specs()
-    }
+    asked = {(s["label"], s["model"]): placement({"specs": pack([s])}).required_resources for s in grid.trial_specs()}
     assert asked == {
         ("sgd", "mlp"): {"CPU": 1.0},
         ("sgd", "linear"): {"CPU": 1.0, "GPU": 1.0},
@@ -140,17 +138,17 @@ def test_each_trial_asks_for_its_own_resources_and_the_fit_check_names_who_asks(
     )  # the final phase's first line
     assert runner._requests(parse_grid(TINY, path).trial_specs(), grid) == "CPU=1 each"
     search = grid.spec_for(grid.cells()[1], 0, "search", {})  # a search trial of sgd on linear
-    assert trials.placement({"spec": pack(search), "hp": {"lr": 0.1}}).required_resources == {"CPU": 1.0, "GPU": 1.0}
-    monkeypatch.setattr(trials, "LAUNCHER_CONFIG", tmp_path / "absent.yaml")
+    assert placement({"spec": pack(search), "hp": {"lr": 0.1}}).required_resources == {"CPU": 1.0, "GPU": 1.0}
+    monkeypatch.setattr(cluster, "LAUNCHER_CONFIG", tmp_path / "absent.yaml")
     with pytest.raises(GridError) as info:
-        trials.check_cluster_fits(grid)
+        cluster.check_cluster_fits(grid)
     assert str(info.value).startswith(
         f"{path}: resources: method 'sgd' on model 'linear' asks for GPU=1, which no node of the Ray cluster has (nodes offer: "
     )
     methods[1] = "mc_dropout"  # now both methods ask for the GPU on linear
     with pytest.raises(GridError, match=r"'sgd' on model 'linear' \(and 1 other method/model pair\) asks for GPU=1"):
-        trials.check_cluster_fits(parse_grid(dict(TINY, methods=methods, models=models), path))
-    trials.check_cluster_fits(parse_grid(dict(TINY, methods=methods), path))  # nobody asks for a GPU: it fits
+        cluster.check_cluster_fits(parse_grid(dict(TINY, methods=methods, models=models), path))
+    cluster.check_cluster_fits(parse_grid(dict(TINY, methods=methods), path))  # nobody asks for a GPU: it fits
 
 
 # ------------------------------------------------------------------------------------- the local cluster

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from ursa_ray.cli import build_parser
+from ursa_ray.tune.callback import ResultsCallback, RunSummary
 from ursa_ray.tune.progress import Progress
 from ursa_ray.tune.trainable import pack
-from ursa_ray.tune.trials import ResultsCallback, RunSummary
 
 
 class Clock:

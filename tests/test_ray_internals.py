@@ -15,8 +15,8 @@ import pytest
 from packaging.requirements import Requirement
 
 PRIVATE_FUNCTIONS = [  # (module, attribute path, parameters ursa-ray passes) -- where ursa-ray calls it
-    ("ray._private.services", "canonicalize_bootstrap_address", ["addr"]),  # tune.trials.unreachable
-    ("ray._private.state", "GlobalState.get_cluster_config", ["self"]),  # tune.trials.launchable_node_resources
+    ("ray._private.services", "canonicalize_bootstrap_address", ["addr"]),  # tune.cluster.unreachable
+    ("ray._private.state", "GlobalState.get_cluster_config", ["self"]),  # tune.cluster.launchable_node_resources
     ("ray.tune.search.optuna", "OptunaSearch._setup_study", ["self", "mode"]),  # tune.search.UrsaOptunaSearch
     (
         "ray.tune.search.optuna",
@@ -29,7 +29,7 @@ PRIVATE_FUNCTIONS = [  # (module, attribute path, parameters ursa-ray passes) --
     ("ray.tune.execution.tune_controller", "TuneController.save_to_dir", ["self"]),  # benchmarks/bench_driver.py
     ("ray.tune.execution.tune_controller", "TuneController.step", ["self"]),
 ]
-TUNE_SETTINGS = {  # environment variable -> the module that must read it (set in ursa_ray/tune/__init__.py, trials.py)
+TUNE_SETTINGS = {  # environment variable -> the module that must read it (set in ursa_ray/tune/__init__.py, trials.py, interrupt.py)
     "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "ray.tune.utils.callback",
     "RAY_AIR_NEW_OUTPUT": "ray.air.constants",
     "TUNE_PRINT_ALL_TRIAL_ERRORS": "ray.tune.execution.tune_controller",
@@ -38,7 +38,7 @@ TUNE_SETTINGS = {  # environment variable -> the module that must read it (set i
     "TUNE_MAX_PENDING_TRIALS_PG": "ray.tune.execution.tune_controller",
     "TUNE_DISABLE_SIGINT_HANDLER": "ray.tune.tune",
 }
-TRIAL_ATTRIBUTES = [  # read by tune.trials.ResultsCallback from Tune's Trial
+TRIAL_ATTRIBUTES = [  # read by tune.callback.ResultsCallback from Tune's Trial
     "config",
     "trial_id",
     "checkpoint",
@@ -51,7 +51,7 @@ TRIAL_ATTRIBUTES = [  # read by tune.trials.ResultsCallback from Tune's Trial
     "status",
     "local_path",
 ]
-CALLBACK_HOOKS = {  # tune.trials.ResultsCallback: hook -> the parameters it takes before **info
+CALLBACK_HOOKS = {  # tune.callback.ResultsCallback: hook -> the parameters it takes before **info
     "setup": [],
     "on_trial_start": ["iteration", "trials", "trial"],
     "on_step_end": ["iteration", "trials"],
@@ -116,7 +116,7 @@ def test_tune_trial_and_callback_still_have_what_the_results_callback_uses():
         and name not in inspect.signature(Trial.__init__).parameters
         and f"self.{name} =" not in inspect.getsource(Trial)
     ]
-    assert not missing, f"ray {version('ray')}: Tune's Trial lacks {missing}, which tune.trials.ResultsCallback reads"
+    assert not missing, f"ray {version('ray')}: Tune's Trial lacks {missing}, which tune.callback.ResultsCallback reads"
     assert {"PENDING", "PAUSED", "TERMINATED", "ERROR"} <= set(vars(Trial)), "Tune's Trial status names changed"
     assert "num_failures" in inspect.getsource(importlib.import_module("ray.tune.experiment.trial"))
     for hook, parameters in CALLBACK_HOOKS.items():
@@ -127,5 +127,5 @@ def test_tune_trial_and_callback_still_have_what_the_results_callback_uses():
 
     metadata = _TrainingRunMetadata()
     assert {"metric_analysis", "metric_n_steps", "last_result"} <= set(vars(metadata)), (
-        f"ray {version('ray')}: Tune's run metadata lacks what tune.trials.forget_metric_history clears"
+        f"ray {version('ray')}: Tune's run metadata lacks what tune.callback.forget_metric_history clears"
     )

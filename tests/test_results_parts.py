@@ -259,7 +259,7 @@ def test_a_truncated_part_is_named_in_one_line_and_run_reruns_its_trial(tmp_path
 
     import ursa_ray.tune.runner
     from ursa_ray.cli import main
-    from ursa_ray.tune.trials import RunSummary
+    from ursa_ray.tune.callback import RunSummary
 
     out = tmp_path / "results"
     _fill(out, n=6, failed=())

@@ -7,8 +7,8 @@ import copy
 from ray.tune.search import Searcher
 
 from ursa_ray.grid import parse_grid
+from ursa_ray.tune.queue import SpecQueue, seed_groups
 from ursa_ray.tune.trainable import config_specs
-from ursa_ray.tune.trials import SpecQueue, seed_groups
 
 
 def _specs(config):
@@ -146,7 +146,7 @@ def test_live_fifo_scheduler_chooses_as_tunes_fifo_without_keeping_finished_tria
     from ray.tune.experiment import Trial
     from ray.tune.schedulers import FIFOScheduler
 
-    from ursa_ray.tune.trials import LiveFIFOScheduler
+    from ursa_ray.tune.queue import LiveFIFOScheduler
 
     class FakeTrial:
         def __init__(self, status: str):

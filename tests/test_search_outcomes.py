@@ -26,9 +26,10 @@ from analysis.cost import cost_table
 from ursa_ray.cli import main
 from ursa_ray.grid import parse_grid
 from ursa_ray.results import ResultsDirectory
+from ursa_ray.tune.callback import ResultsCallback, RunSummary
+from ursa_ray.tune.interrupt import Interrupt, RunStopper
 from ursa_ray.tune.search import ComputeBudget, _search_algorithm, search_plan
 from ursa_ray.tune.trainable import pack
-from ursa_ray.tune.trials import Interrupt, ResultsCallback, RunStopper, RunSummary
 
 pytestmark = pytest.mark.slow  # starts Ray or runs whole grids: not in the fast tier (-m "not slow")
 

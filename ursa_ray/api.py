@@ -53,7 +53,7 @@ def run(
     echo: Callable[[str], None] = print,
     allow_grid_change: bool = False,
 ) -> Any:
-    """Run ``grid`` on Ray Tune and return its :class:`~ursa_ray.tune.trials.RunSummary`.
+    """Run ``grid`` on Ray Tune and return its :class:`~ursa_ray.tune.callback.RunSummary`.
 
     Everything that can be checked is checked before any trial starts (the grid, its data files, every
     trial's hyperparameters, the results location; :class:`GridError` otherwise).  ``out`` defaults to
@@ -109,7 +109,7 @@ def _check_address(address: str | None) -> None:
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         return
-    from ursa_ray.tune.trials import unreachable  # imports Ray: only when a cluster is named
+    from ursa_ray.tune.cluster import unreachable  # imports Ray: only when a cluster is named
 
     reason = unreachable(address)
     if reason is not None:

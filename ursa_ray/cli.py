@@ -21,13 +21,13 @@ from ursa_ray.registry import Catalogue
 
 
 def _check_resources(grid: Grid, address: str | None) -> str:
-    """``run``'s resource-fit check (:func:`ursa_ray.tune.trials.check_cluster_fits`) against the Ray cluster
+    """``run``'s resource-fit check (:func:`ursa_ray.tune.cluster.check_cluster_fits`) against the Ray cluster
     at ``address`` (else ``RAY_ADDRESS``) when one is reachable; never starts a local Ray.  Returns the line
     to print; GridError when no node of the cluster fits one trial."""
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         return "resources: not checked: no Ray cluster given (set RAY_ADDRESS or pass --address to check them)"
-    from ursa_ray.tune.trials import check_cluster_fits, connect, describe, grid_requests, unreachable
+    from ursa_ray.tune.cluster import check_cluster_fits, connect, describe, grid_requests, unreachable
 
     reason = unreachable(address)
     if reason is None:

@@ -1,6 +1,6 @@
 """Ray Tune orchestration: the trainable that wraps a trial, the trial-running machinery both phases use
-(:mod:`ursa_ray.tune.trials`), the search phase (:mod:`ursa_ray.tune.search`) and the driver that runs a grid
-(:mod:`ursa_ray.tune.runner`).
+(:mod:`ursa_ray.tune.trials`, with its callback, interrupt, queue and cluster modules), the search phase
+(:mod:`ursa_ray.tune.search`) and the driver that runs a grid (:mod:`ursa_ray.tune.runner`).
 
 Nothing here knows a method's internals; nothing outside here imports Ray.
 

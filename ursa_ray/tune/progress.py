@@ -1,7 +1,7 @@
 """What the driver prints while a grid runs: one line per trial (logs), or one live status line (a terminal).
 
 :class:`Progress` is an ``echo`` (``progress(line)`` prints a permanent line), so it travels everywhere the
-driver's echo goes; the results callback (:class:`~ursa_ray.tune.trials.ResultsCallback`) also tells it when
+driver's echo goes; the results callback (:class:`~ursa_ray.tune.callback.ResultsCallback`) also tells it when
 trials start and finish.  Two modes:
 
 - **log** (the default, and ``ursa-ray run --progress log``; what logs, CI and pytest capture get): every
@@ -30,6 +30,8 @@ import sys
 import time
 from collections.abc import Callable
 from typing import TextIO
+
+Echo = Callable[[str], None]
 
 MODES = ("auto", "line", "log")
 

@@ -2,8 +2,8 @@
 finished trial into the results directory.
 
 :func:`run_grid` orchestrates the two phases: :mod:`ursa_ray.tune.search` runs the search phase and
-:mod:`ursa_ray.tune.trials` holds the trial-running machinery both phases use (:func:`~ursa_ray.tune.trials.run_trials`,
-the results callback, Ctrl-C handling).  Imports go one way: runner -> search -> trials; neither of those
+:mod:`ursa_ray.tune.trials` holds the trial-running machinery both phases use (:func:`~ursa_ray.tune.trials.run_trials`;
+the results callback, Ctrl-C handling and the cluster checks in the modules beside it).  Imports go one way: runner -> search -> trials; neither of those
 imports this module.
 """
 
@@ -18,17 +18,13 @@ import ray
 
 from ursa_ray.grid import Grid
 from ursa_ray.results import Location, ResultsDirectory
+from ursa_ray.tune.callback import RunSummary
+from ursa_ray.tune.cluster import check_cluster_fits, connect, describe
+from ursa_ray.tune.interrupt import Interrupt
+from ursa_ray.tune.progress import Echo
 from ursa_ray.tune.search import run_search_phase
-from ursa_ray.tune.trials import (
-    Echo,
-    Interrupt,
-    RunSummary,
-    check_cluster_fits,
-    connect,
-    describe,
-    request,
-    run_trials,
-)
+from ursa_ray.tune.trainable import request
+from ursa_ray.tune.trials import run_trials
 
 __all__ = ["run_grid"]
 

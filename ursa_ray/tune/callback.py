@@ -1,0 +1,300 @@
+"""The driver's side of a finished trial: a :class:`ResultsCallback` writes every trial's rows into the results
+directory as soon as Tune reports it complete (or errored), so an interrupted run keeps everything that finished
+(a rerun skips finished trial ids), and keeps the run's :class:`RunSummary` and progress lines."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from ray import cloudpickle, tune
+
+from ursa_ray.results import ResultsDirectory
+from ursa_ray.tune.interrupt import RunStopper
+from ursa_ray.tune.progress import Echo, Progress
+from ursa_ray.tune.trainable import config_specs, request
+
+
+@dataclass
+class RunSummary:
+    """What a run did.  ``planned``/``skipped`` count final-phase trials; ``finished``, ``failed`` (id, error)
+    and ``early_stopped`` hold the trial ids of both phases recorded by this run."""
+
+    planned: int = 0
+    skipped: int = 0
+    finished: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    early_stopped: list[str] = field(default_factory=list)
+    recorded: dict[str, int] = field(default_factory=lambda: {"search": 0, "final": 0})
+    search_failed: list[str] = field(default_factory=list)
+    """Search trials (ids) that failed: recorded, never selected."""
+    failed_cells: list[tuple[str, str]] = field(default_factory=list)
+    """(cell, why) for cells whose search left no configuration to select: their final phase was not run."""
+    budget_stopped: list[str] = field(default_factory=list)
+    """Cells whose search this run ended by spending its compute budget."""
+    interrupted: bool = False
+    unfinished_search: int = 0
+    """Search trials that were running when Ctrl-C stopped the run (not recorded: a rerun replaces them)."""
+
+    @property
+    def incomplete(self) -> int:
+        """Trials that did not finish: final trials planned but not recorded, and interrupted search trials."""
+        return self.planned - self.skipped - self.recorded["final"] + self.unfinished_search
+
+
+class ResultsCallback(tune.Callback):
+    """Writes each trial's rows when Tune reports it finished or errored, and tells the run's
+    :class:`~ursa_ray.tune.progress.Progress` (``echo`` when it is one; else one line per trial to ``echo``).
+
+    Trials still running when the experiment ends are settled in :meth:`on_experiment_end`: cut short by a
+    search's compute budget, they are recorded as early_stopped with the compute they used; stopped by Ctrl-C,
+    they are not recorded (a rerun replaces them)."""
+
+    def __init__(
+        self,
+        results: ResultsDirectory,
+        summary: RunSummary,
+        echo: Echo,
+        total: int | None,
+        stopper: RunStopper | None = None,
+    ):
+        self.results = results
+        self.summary = summary
+        self.echo = echo
+        self.progress = echo if isinstance(echo, Progress) else Progress(echo)
+        self.total = total
+        self.stopper = stopper
+        self.started: dict[str, float] = {}
+        self.running: dict[str, tuple[float, float, float]] = {}  # not yet recorded: (started, CPUs, GPUs)
+        self.recorded: set[str] = set()
+        self.reserved_recorded = (0.0, 0.0)  # reserved CPU- and GPU-seconds of the trials recorded so far
+        self.done = 0
+
+    def reserved(self, now: float) -> tuple[float, float]:
+        """Reserved CPU- and GPU-seconds of this experiment's trials: those recorded plus those running until
+        ``now``, each at its own request (a sum over the running trials only)."""
+        cpu, gpu = self.reserved_recorded
+        for started, n_cpus, n_gpus in self.running.values():
+            cpu += n_cpus * max(0.0, now - started)
+            gpu += n_gpus * max(0.0, now - started)
+        return cpu, gpu
+
+    def setup(self, **info: Any) -> None:
+        self.progress.begin(self.total)
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        specs = trial_specs(trial)
+        if trial.trial_id not in self.started:  # not again when a failed trial is retried
+            self.progress.trial_started(len(specs), specs[0]["phase"])
+        started = self.started.setdefault(trial.trial_id, time.time())
+        if trial.trial_id not in self.recorded:
+            need = request(specs[0]["resources"])
+            self.running[trial.trial_id] = (started, need.get("CPU", 0.0), need.get("GPU", 0.0))
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        self.progress.tick()
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._record(trial, error=None)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self.stopper is not None and self.stopper.interrupt.is_set():
+            return  # a worker lost to Ctrl-C is an interrupted trial, not a failed one: a rerun runs it
+        error = trial.get_error()
+        self._record(trial, error=f"{type(error).__name__}: {error}" if error else "the trial's worker failed")
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        """Settle the trials that were running when the experiment stopped (Tune calls no per-trial hook then)."""
+        stopper = self.stopper
+        for trial in trials:
+            if trial.trial_id in self.recorded or trial.trial_id not in self.started:
+                continue  # recorded, or never started (nothing reserved)
+            last = trial.last_result or {}
+            if last.get("status") in ("ok", "failed") and trial.checkpoint is not None:
+                self._record(trial, error=None)  # it had reported its outcome: record it as it is
+            elif stopper is not None and stopper.reason == "budget":
+                budget = stopper.budget.describe() if stopper.budget is not None else "budget"
+                self._record(
+                    trial, error=None, stopped_at=stopper.stopped_at, why=f"cut short by the search's {budget}"
+                )
+            elif trial.config.get("hp"):  # a search trial stopped by Ctrl-C (final ones count in RunSummary.incomplete)
+                self.summary.unfinished_search += 1
+        self.progress.end()
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        """The trial's worker (or its node) died and Tune retries it (``max_failures`` in the grid)."""
+        reason = "the trial's worker failed"
+        try:  # Tune has just pickled the error into the trial's local folder
+            with open(trial.pickled_error_file, "rb") as f:
+                error = cloudpickle.load(f)
+            reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
+        except Exception:  # noqa: BLE001 - the message is informative only
+            pass
+        failures = f"{trial.run_metadata.num_failures}/{trial.max_failures}"
+        specs = trial_specs(trial)
+        where = _where(specs[0])
+        if len(specs) > 1:  # a batched trial: its seeds
+            where = where.rpartition(" seed=")[0] + " seeds=" + ",".join(str(s["seed"]) for s in specs)
+        self.echo(f"retry {failures} {specs[0]['phase']:6s} {where}: {reason}")
+
+    def _record(self, trial: Any, error: str | None, stopped_at: float | None = None, why: str = "") -> None:
+        """Write the rows of every seed ``trial`` ran (its wall and reserved seconds split evenly over them)."""
+        if trial.trial_id in self.recorded:
+            return
+        specs = trial_specs(trial)
+        finished = stopped_at or time.time()
+        started = min(self.started.get(trial.trial_id, finished), finished)
+        wall = (finished - started) / len(specs)
+        last = trial.last_result or {}
+        checkpoint = trial.checkpoint if error is None else None
+        if checkpoint is not None:
+            with checkpoint.as_directory() as folder:
+                outcomes = [self._read_outcome(Path(folder) / str(i), spec) for i, spec in enumerate(specs)]
+        else:
+            outcomes = [self._unfinished_outcome(spec, error, last, why) for spec in specs]
+        selection = {k: float(v) for k, v in last.items() if k.startswith("val_") and isinstance(v, (int, float))}
+        need = request(specs[0]["resources"])  # the trial's own request (all its seeds are one cell's)
+        n_cpus, n_gpus = need.get("CPU", 0.0), need.get("GPU", 0.0)
+        rows = []
+        for spec, (status, record, metrics, points, predictions) in zip(specs, outcomes, strict=True):
+            row = {
+                **record,
+                "trial_id": spec["trial_id"],
+                "phase": spec["phase"],
+                "cell": spec["cell"],
+                "method": spec["label"],
+                "method_name": spec["method"],
+                "model": spec["model"],
+                "dataset": spec["dataset"],
+                "task": spec["task"],
+                "decision_task": spec["decision_task"],
+                "complexity": math.nan if spec["complexity"] is None else float(spec["complexity"]),
+                "seed": spec["seed"],
+                "status": status,
+                "error": record.get("error", "") or "",
+                "config": json.dumps(spec["config"], sort_keys=True),
+                "wall_s": wall,
+                "gpu_s": n_gpus * wall,
+                "reserved_cpu_s": n_cpus * wall,
+                "reserved_gpu_s": n_gpus * wall,
+                "n_cpus": n_cpus,
+                "n_gpus": n_gpus,
+                "gpu_ids": record.get("gpu_ids", "") or "",
+                "seeds_in_trial": len(specs),
+                "node": record.get("node") or (trial.node_ip or ""),
+                "selection": json.dumps(selection, sort_keys=True),
+                "started_at": started,
+                "finished_at": finished,
+            }
+            rows.append((spec, status, row, metrics, points, predictions))
+        interrupt = self.stopper.interrupt if self.stopper is not None else None
+        with interrupt.critical() if interrupt is not None else contextlib.nullcontext():
+            for _, _, row, metrics, points, predictions in rows:
+                self.results.add(row, metrics, points, predictions)
+            self.recorded.add(trial.trial_id)
+            self.running.pop(trial.trial_id, None)
+        if specs[0]["phase"] == "final":
+            forget_metric_history(trial)
+        for spec, status, row, metrics, _, _ in rows:
+            cpu, gpu = self.reserved_recorded
+            self.reserved_recorded = (cpu + row["reserved_cpu_s"], gpu + row["reserved_gpu_s"])
+            self.done += 1
+            self.summary.recorded[spec["phase"]] = self.summary.recorded.get(spec["phase"], 0) + 1
+            if status == "ok":
+                self.summary.finished.append(spec["trial_id"])
+            elif status == "early_stopped":
+                self.summary.early_stopped.append(spec["trial_id"])
+            else:
+                self.summary.failed.append((spec["trial_id"], row["error"]))
+                if spec["phase"] == "search":
+                    self.summary.search_failed.append(spec["trial_id"])
+            self.progress.trial_recorded(status, _progress_line(self.done, self.total, spec, status, row, metrics))
+
+    def _read_outcome(self, folder: Path, spec: dict[str, Any]) -> tuple:
+        """(status, record, metrics, points, predictions) of one seed from its checkpoint folder; a transfer
+        source's examples are saved before its rows, so a finished source always has its file."""
+        record = json.loads((folder / "record.json").read_text())
+        metrics = _rows(folder / "metrics.parquet")
+        points = _rows(folder / "points.parquet")
+        predictions: dict[str, pd.DataFrame] = {}
+        if (folder / "predictions").is_dir():
+            predictions = {p.stem: pd.read_parquet(p) for p in (folder / "predictions").glob("*.parquet")}
+        if (folder / "transfer.pt").exists():
+            self.results.transfer_examples(spec["trial_id"]).write_bytes((folder / "transfer.pt").read_bytes())
+        return record.get("status", "failed"), record, metrics, points, predictions
+
+    @staticmethod
+    def _unfinished_outcome(spec: dict[str, Any], error: str | None, last: dict[str, Any], why: str) -> tuple:
+        """A trial with no outcome of its own: failed with ``error``, or stopped before its end (by ASHA, or
+        cut short by the search's compute budget: ``why``) with the validation metrics it last reported."""
+        if error is not None:
+            return "failed", {"error": error, "cpu_s": last.get("cpu_s", math.nan)}, [], [], {}
+        record = {"cpu_s": last.get("cpu_s", math.nan), "train_s": last.get("train_s", math.nan), "error": why}
+        metrics = [
+            {**_metric_base(spec), "eval_set": "validation", "metric": k[4:], "value": float(v)}
+            for k, v in last.items()
+            if k.startswith("val_") and isinstance(v, (int, float))
+        ]
+        return "early_stopped", record, metrics, [], {}
+
+
+def forget_metric_history(trial: Any) -> None:
+    """Drop what Tune keeps of a recorded final trial's results beyond its last one: running statistics of every
+    numeric result key (``run_metadata.metric_analysis``, and the last-5 and last-10 deques of ``metric_n_steps``),
+    about 17 KB a trial in the driver for as long as the experiment lasts.  Only Tune's own analysis of the
+    experiment (best trial by a metric) reads them; the final phase has no metric, and ursa-ray reads its
+    results directory.  (Tune internals: tests/test_ray_internals.py.)"""
+    metadata = getattr(trial, "run_metadata", None)
+    if metadata is not None:
+        metadata.metric_analysis, metadata.metric_n_steps = {}, {}
+
+
+def trial_specs(trial: Any) -> list[dict[str, Any]]:
+    """The ursa-ray specs a Tune trial runs: a search trial's one (its sampled hyperparameters and an id), or
+    a final trial's seeds."""
+    return config_specs(trial.config, trial.trial_id)
+
+
+def _metric_base(spec: dict[str, Any]) -> dict[str, Any]:
+    keys = ("trial_id", "model", "dataset", "seed", "phase")
+    return {**{k: spec[k] for k in keys}, "method": spec["label"]}
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return pd.read_parquet(path).to_dict("records") if path.exists() else []
+
+
+def _where(spec: dict[str, Any]) -> str:
+    where = f"{spec['label']} {spec['model']} {spec['dataset']}"
+    if spec["complexity"] is not None:
+        where += f" c={spec['complexity']:g}"
+    return where + f" seed={spec['seed']}"
+
+
+def _progress_line(
+    done: int, total: int | None, spec: dict[str, Any], status: str, row: dict[str, Any], metrics: list
+) -> str:
+    where = _where(spec)
+    count = f"[{done}]" if total is None else f"[{done}/{total}]"  # a budgeted search has no fixed count
+    if status == "failed":
+        return f"{count} FAILED {spec['phase']:6s} {where}: {row['error']}"
+    wanted = {
+        ("test", "accuracy"),
+        ("test", "nll"),
+        ("test", "rmse_truth"),
+        ("test", "coverage_95_epistemic"),
+        ("validation", "nll"),
+    }
+    shown = " ".join(
+        f"{'val_' if m['eval_set'] == 'validation' else ''}{m['metric']}={m['value']:.3f}"
+        for m in metrics
+        if (m["eval_set"], m["metric"]) in wanted
+    )
+    why = f"  ({row['error']})" if row["error"] else ""
+    return f"{count} {status:6s} {spec['phase']:6s} {where}  {shown}  {row['wall_s']:.1f}s{why}"

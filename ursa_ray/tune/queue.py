@@ -1,0 +1,131 @@
+"""How the final phase's trials reach Tune: grouped into batched Tune trials (:func:`seed_groups`), handed out
+in order by a searcher (:class:`SpecQueue`: references and transfer sources first, their dependants when they
+are complete), and started first in, first out (:class:`LiveFIFOScheduler`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import FIFOScheduler
+from ray.tune.search import Searcher
+
+from ursa_ray.results import Location, transfer_examples_location
+from ursa_ray.tune.trainable import pack
+
+
+def seed_groups(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The final phase's Tune trials: ``specs`` grouped into runs of up to ``spec["vectorize_seeds"]`` seeds
+    of one cell, configuration and resource request (a batched computation, see
+    :func:`ursa_ray.trial.run_trials_batched`; the Tune trial asks for one seed's ``resources``),
+    in the order of each group's first seed; a spec with ``vectorize_seeds`` 1 is a trial of its own."""
+    groups: dict[str, list[list[dict[str, Any]]]] = {}
+    order: list[list[dict[str, Any]]] = []
+    for spec in specs:
+        size = int(spec.get("vectorize_seeds", 1))
+        key = json.dumps(
+            [spec["cell"], spec["config"], spec.get("transfer_source", False), spec["resources"]],
+            sort_keys=True,
+            default=str,
+        )
+        open_groups = groups.setdefault(key, [])
+        if size > 1 and open_groups and len(open_groups[-1]) < size:
+            open_groups[-1].append(spec)
+            continue
+        group = [spec]
+        open_groups.append(group)
+        order.append(group)
+    return order
+
+
+class SpecQueue(Searcher):
+    """Hands Tune the final phase's trials (groups of specs, :func:`seed_groups`) one at a time.
+
+    A ``tune.grid_search`` over the specs would do the same, but Tune deep-copies the whole search space
+    for every variant it generates: quadratic in the number of trials (minutes before the first trial of
+    a 6,800-trial grid starts).  This is linear.
+
+    Reference trials (phase ``reference``) go before everything, and a trial of their cell
+    (``reference_from``) waits for its reference as a transfer attack's trial waits for its source; each
+    spec with ``reference`` settings gets ``references_dir``, the ``references/`` folder of ``results_uri``.
+    The transfer attack's order: transfer sources (``transfer_source``) go first, trials that need none
+    next, and a trial scored on a source's examples (``transfer_from``) waits until its seeds' sources are
+    complete (``suggest`` returns None meanwhile; Tune asks again), then gets ``transfer_examples``, the
+    location of the file its source saved under ``results_uri``, when there is one (a failed source saves
+    none).  Tune calls the searcher's ``on_trial_complete`` before the callbacks' and never suggests in
+    between, so the source's file is written before the waiting trial is handed out.
+    """
+
+    def __init__(self, groups: list[list[dict[str, Any]]], results_uri: str):
+        super().__init__()
+
+        def rank(group: list[dict[str, Any]]) -> int:
+            if group[0]["phase"] == "reference":
+                return -1
+            return 0 if group[0].get("transfer_source") else 2 if "transfer_from" in group[0] else 1
+
+        self._groups = sorted(groups, key=rank)
+        self._results_uri = results_uri
+        self._unfinished_sources = {
+            s["trial_id"] for g in groups for s in g if s.get("transfer_source") or s["phase"] == "reference"
+        }
+        self._running: dict[str, list[str]] = {}  # Tune trial id -> its specs' trial ids
+        self._next = 0
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if self._next >= len(self._groups):
+            return Searcher.FINISHED
+        group = self._groups[self._next]
+        if any(
+            spec.get("transfer_from") in self._unfinished_sources
+            or spec.get("reference_from") in self._unfinished_sources
+            for spec in group
+        ):
+            return None
+        self._next += 1
+        self._running[trial_id] = [spec["trial_id"] for spec in group]
+        return {"specs": pack([self._with_examples(spec) for spec in group])}
+
+    def _with_examples(self, spec: dict[str, Any]) -> dict[str, Any]:
+        if "reference" in spec:  # where its cell's reference is stored (by fingerprint)
+            spec = {**spec, "references_dir": (Location.parse(self._results_uri) / "references").uri}
+        if "transfer_from" not in spec:
+            return spec
+        saved = transfer_examples_location(self._results_uri, spec["transfer_from"])
+        return {**spec, "transfer_examples": saved.uri} if saved.exists() else spec
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        """A finished (or failed) transfer source releases the trials waiting for it."""
+        self._unfinished_sources.difference_update(self._running.pop(trial_id, []))
+
+
+class LiveFIFOScheduler(FIFOScheduler):
+    """Tune's first-in-first-out scheduler without its scan of every trial at every step.
+
+    Tune asks the scheduler which trial to start at every step of its loop (several steps per trial), and
+    ``FIFOScheduler`` answers by scanning every trial of the experiment, finished ones included, for the first
+    pending one (then for a paused one): the driver's time per trial grew with the trials already run.  This
+    one keeps the trials not yet finished, in the order Tune added them (a retried trial goes last, as Tune
+    moves it to the end of its list), and drops a finished one when it meets it: the same choice, in time
+    that depends on the trials alive (running, pending) only.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._alive: dict[Trial, None] = {}  # insertion-ordered
+
+    def on_trial_add(self, tune_controller: Any, trial: Trial) -> None:
+        self._alive.pop(trial, None)
+        self._alive[trial] = None
+
+    def choose_trial_to_run(self, tune_controller: Any) -> Trial | None:
+        paused = None
+        for trial in list(self._alive):
+            if trial.status in (Trial.TERMINATED, Trial.ERROR):
+                del self._alive[trial]
+            elif trial.status == Trial.PENDING:
+                return trial
+            elif paused is None and trial.status == Trial.PAUSED:
+                paused = trial
+        return paused
