@@ -9,7 +9,8 @@ import torch
 import ursa_ray.methods.sgmcmc
 import ursa_ray.trial
 from ursa_ray.grid import parse_grid
-from ursa_ray.trial import RANDOM_STREAMS, run_trial, trial_seeds
+from ursa_ray.prepare import RANDOM_STREAMS, trial_seeds
+from ursa_ray.trial import run_trial
 
 GRID = {
     "name": "streams",

@@ -9,7 +9,6 @@ cannot differ between them.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -34,26 +33,21 @@ from ursa_ray.evaluation import (
 from ursa_ray.evaluation.adversarial import (
     DATASET_FAMILIES,
     REFERENCE_EPSILON,
-    AdversarialExamples,
     AdversarialPredictives,
-    AdversarialSettings,
     ModelAverage,
-    PixelScale,
-    craft,
-    examples_from_bytes,
     examples_to_bytes,
     set_name,
 )
-from ursa_ray.evaluation.corruptions import corrupt
 from ursa_ray.evaluation.precision import evaluation_precision, keep_output_layer_float32
 from ursa_ray.evaluation.predictions import prediction_table
+from ursa_ray.evaluation.probes.adversarial import _attack, load_transfer_attack, train_transfer_source
+from ursa_ray.evaluation.probes.base import accumulate, predict, predict_expected_entropy
 from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time, evaluate_at_bit_depths
 from ursa_ray.methods import batched
 from ursa_ray.methods._training import autocast_dtype, default_precision
 from ursa_ray.methods.base import Categorical, Gaussian, Problem
+from ursa_ray.prepare import corrupted_sets, pick_device, trial_seeds, validation_split
 from ursa_ray.results import Location
-
-EVAL_BATCH = 2048
 
 
 @dataclass
@@ -68,86 +62,6 @@ class TrialOutcome:
     selection: dict[str, float] = field(default_factory=dict)
     transfer_examples: bytes | None = None
     """A transfer source's crafted adversarial examples (:func:`examples_to_bytes`), for the other trials."""
-
-
-RANDOM_STREAMS = ("init", "data", "split", "corruption", "transfer_init", "transfer_data", "attack")
-
-
-def trial_seeds(seed: int) -> dict[str, int]:
-    """Independent seeds of a trial's random streams, spawned from ``numpy.random.SeedSequence(seed)``
-    (children in the order of ``RANDOM_STREAMS``, 64 bits each):
-
-    - ``init``: torch's global generator (weight initialisation, dropout masks) and numpy's global state;
-    - ``data``: ``problem.generator`` (mini-batch order, augmentation, bootstrap resampling, and the
-      methods' own draws: SG-MCMC and HMC take their noise key from it once, before the first step);
-    - ``split``: the search phase's validation split (the same for every configuration of a cell);
-    - ``corruption``: the random draws of the common corruptions (the same images for every method);
-    - ``transfer_init``, ``transfer_data``: the transfer source network's initialisation and mini-batch
-      order (:func:`train_transfer_source`), which no method's own network shares;
-    - ``attack``: the adversarial attacks' draws (PGD's random start, the kept samples' dropout masks).
-
-    No two streams share bits, of one trial or of two seeds (SeedSequence hashes the seed and the
-    child's index).  A stream appended to ``RANDOM_STREAMS`` leaves the others' values unchanged.
-    """
-    children = np.random.SeedSequence(seed).spawn(len(RANDOM_STREAMS))
-    return {name: int(c.generate_state(1, np.uint64)[0]) for name, c in zip(RANDOM_STREAMS, children, strict=True)}
-
-
-def validation_split(n: int, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
-    """Seeded random split of range(n) into (train, validation) indices, ⌈fraction·n⌉ for validation,
-    drawn from the trial seed's ``split`` stream (:func:`trial_seeds`)."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(trial_seeds(seed)["split"]))
-    n_val = max(1, math.ceil(fraction * n))
-    return order[n_val:], order[:n_val]
-
-
-def predict(predictor: Any, x: Tensor, precision: torch.dtype | None = None) -> Tensor:
-    """Outputs of one posterior sample on ``x`` in batches, as float32, under autocast to ``precision``."""
-    with (
-        torch.no_grad(),
-        torch.autocast(x.device.type, dtype=precision or torch.float32, enabled=precision is not None),
-    ):
-        out = torch.cat([predictor(x[i : i + EVAL_BATCH]).float() for i in range(0, x.shape[0], EVAL_BATCH)])
-    if not torch.isfinite(out).all():
-        raise FloatingPointError("the network produced non-finite outputs")
-    return out
-
-
-def predict_expected_entropy(predictor: Any, x: Tensor, precision: torch.dtype | None = None) -> Tensor | None:
-    """A predictor's own estimate of the expected entropy on ``x`` (shape n, float32), in batches under
-    autocast to ``precision``, when it has a ``distilled_expected_entropy(x)`` method (GPED's head), else None:
-    the accumulator then computes H[p_s] from the sample's logits (see ``ClassificationPredictive``)."""
-    head = getattr(predictor, "distilled_expected_entropy", None)
-    if head is None:
-        return None
-    return predict(head, x, precision)
-
-
-def accumulate(accumulator: Any, predictor: Any, x: Tensor, precision: torch.dtype | None) -> None:
-    """Add ``predictor``'s outputs on ``x`` to ``accumulator``, with its distilled expected entropy where it
-    has one (classification only; see :func:`predict_expected_entropy`)."""
-    outputs = predict(predictor, x, precision)
-    entropy = predict_expected_entropy(predictor, x, precision)
-    if entropy is None:
-        accumulator.update(outputs)
-    else:
-        accumulator.update(outputs, expected_entropy=entropy)
-
-
-def corrupted_sets(
-    ds: data.base.Dataset, test: tuple[Tensor, Tensor], settings: Mapping[str, Any], seed: int
-) -> dict[str, tuple[Tensor, Tensor]]:
-    """The first ``n_examples`` test images under each common corruption and severity (Hendrycks &
-    Dietterich 2019; MNIST-C), as labelled evaluation sets ``corrupt:TYPE:SEVERITY``, made once per trial on
-    its device from the trial seed's ``corruption`` stream (the same images for every method)."""
-    if ds.pixel_mean is None or not settings["types"]:
-        return {}
-    x, y = test[0][: settings["n_examples"]], test[1][: settings["n_examples"]]
-    return {
-        f"corrupt:{kind}:{severity}": (corrupt(x, kind, severity, seed, ds.pixel_mean, ds.pixel_std), y)
-        for kind in settings["types"]
-        for severity in settings["severities"]
-    }
 
 
 def planned_samples(config: Mapping[str, Any]) -> tuple[int, int]:
@@ -171,74 +85,6 @@ def chains_in_turn(method: Any, probe: torch.nn.Module, problem: Problem) -> boo
     from ursa_ray.methods.sgmcmc import _SGMCMC
 
     return isinstance(method, _SGMCMC) and not batched.can_batch(probe, problem)
-
-
-def _craft(
-    spec: Mapping[str, Any], ds: data.base.Dataset, attacked: ModelAverage, test: tuple[Tensor, Tensor], seed: int
-) -> AdversarialExamples:
-    """FGSM/PGD on the first ``n_examples`` test images against the model average of the kept samples
-    (white box: the attacker knows p̄ and its gradient); ``seed`` (the ``attack`` stream) draws PGD's start."""
-    settings = spec["adversarial"]
-    x, y = test[0][: settings["n_examples"]], test[1][: settings["n_examples"]].to(test[0].device)
-    scale = PixelScale(ds.pixel_mean, ds.pixel_std)
-    epsilons = AdversarialSettings(**settings).epsilons_for(spec["dataset"])
-    return craft(attacked, x, y, scale, settings["attacks"], epsilons, steps=settings["pgd_steps"], seed=seed)
-
-
-def _attack(
-    spec: Mapping[str, Any], ds: data.base.Dataset, attacked: ModelAverage, test: tuple[Tensor, Tensor], seed: int
-) -> AdversarialPredictives:
-    """The white-box sets (:func:`_craft`) scored under the model average that was attacked."""
-    scored = AdversarialPredictives(_craft(spec, ds, attacked, test, seed), ds.n_outputs)
-    for predictor in attacked.predictors():
-        scored.update(predictor)
-    return scored
-
-
-def train_transfer_source(
-    spec: Mapping[str, Any],
-    ds: data.base.Dataset,
-    method: Any,
-    problem: Problem,
-    build: Callable[[], torch.nn.Module],
-    test: tuple[Tensor, Tensor],
-    seeds: Mapping[str, int],
-) -> AdversarialExamples:
-    """The transfer attack's examples, crafted by the cell's transfer source (its ``sgd`` trial) on a network
-    of its own: ``method`` trained on the trial's training set with the trial's configuration, its initial
-    weights (``build``, from torch's generator, and any other draw from it) from the seed's
-    ``transfer_init`` stream and its mini-batch order from ``transfer_data``, streams no method's network
-    uses.  So no attacked method saw
-    the source (the sgd trial's own network is Laplace's θ_MAP when they share settings, and deep-ensemble
-    member 0 and MC dropout start from its initial weights).  Its one sample is attacked as a white-box
-    model average of M = 1 (:func:`_craft`, draws from the ``attack`` stream).  torch's generators are put
-    back afterwards: the trial's own streams are unchanged."""
-    device = problem.device
-    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-        torch.manual_seed(seeds["transfer_init"])
-        generator = torch.Generator().manual_seed(seeds["transfer_data"])
-        own = dataclasses.replace(problem, make_model=build, generator=generator)
-        stream = method.sample_posterior(own, spec["config"], {})
-        attacked = ModelAverage(1, 1, seed=seeds["attack"])
-        attacked.observe(next(iter(stream)))
-        stream.close()
-        return _craft(spec, ds, attacked, test, seeds["attack"])
-
-
-def load_transfer_attack(
-    spec: Mapping[str, Any], ds: data.base.Dataset, device: torch.device
-) -> AdversarialPredictives | None:
-    """The accumulator of the transfer attack: the examples the cell's SGD trial crafted on its network
-    (``spec["transfer_examples"]``, a file the run orchestration names once that trial has finished), to be
-    scored under this trial's posterior predictive; None when there are none to read."""
-    where = spec.get("transfer_examples")
-    if not where or ds.pixel_mean is None:
-        return None
-    saved = Location.parse(where)
-    if not saved.exists():
-        return None
-    examples = examples_from_bytes(saved.read_bytes(), PixelScale(ds.pixel_mean, ds.pixel_std), device)
-    return AdversarialPredictives(examples, ds.n_outputs)
 
 
 def warm_up_worker(device: torch.device) -> float:
@@ -268,13 +114,6 @@ def warm_up_worker(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
-
-
-def pick_device(n_gpus: float) -> torch.device:
-    """The trial's device: the GPU Ray assigned (visible as cuda:0) when the trial asked for one."""
-    if n_gpus > 0 and torch.cuda.is_available():
-        return torch.device("cuda", 0)
-    return torch.device("cpu")
 
 
 class TrialRun:

@@ -1,0 +1,1 @@
+"""Evaluation probes: each observes the posterior samples of a trial and computes one family of metrics."""
