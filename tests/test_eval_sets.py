@@ -3,13 +3,17 @@ outside the grammar is refused, and the module stays a pure naming module (no to
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from ursa_ray import eval_sets
 from ursa_ray.eval_sets import UnknownEvalSet, eval_kind, parse
+from ursa_ray.results import ResultsDirectory
 
 
 def test_each_builder_parses_back_to_its_kind_and_parts():
@@ -65,3 +69,38 @@ def test_the_naming_module_imports_nothing_heavy():
     code = "import sys, ursa_ray.eval_sets; print(sorted({'torch', 'numpy', 'pandas', 'ray'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+QUICKSTART = Path("/tmp/qs_a19")  # the quickstart's results at a19ab6b, before the eval_kind column
+
+
+def test_metric_rows_are_written_with_their_kind(tmp_path):
+    results = ResultsDirectory(tmp_path)
+    key = {"trial_id": "t", "method": "sgd", "model": "mlp", "dataset": "digits", "seed": 0, "phase": "final"}
+    names = ["test", "noise", "noise@int8", "corrupt:rotate:3", "adv:clean", "transfer:pgd_eps0.0625", "cost"]
+    results.add({"trial_id": "t", "status": "ok"}, [{**key, "eval_set": n, "metric": "m", "value": 1.0} for n in names])
+    metrics = results.read("metrics")
+    assert metrics.set_index("eval_set")["eval_kind"].to_dict() == {
+        "test": "in_domain", "noise": "ood", "noise@int8": "bit_depth", "corrupt:rotate:3": "corruption",
+        "adv:clean": "adversarial", "transfer:pgd_eps0.0625": "transfer", "cost": "cost",
+    }  # fmt: skip
+    part = pq.read_table(next((tmp_path / "metrics.parquet").rglob("t.parquet")))
+    assert part.column("eval_kind").null_count == 0  # written, not only derived when read
+    with pytest.raises(UnknownEvalSet, match="calibration:test"):
+        results.add({"trial_id": "u", "status": "ok"}, [{**key, "eval_set": "calibration:test", "metric": "m"}])
+
+
+@pytest.mark.skipif(not QUICKSTART.exists(), reason="the quickstart's results at a19ab6b are not on this machine")
+def test_every_set_of_the_quickstart_has_a_kind_even_when_read_from_before_the_column(tmp_path):
+    """Every eval_set the quickstart wrote parses; its metrics.parquet has no eval_kind, which reading derives."""
+    assert "eval_kind" not in pq.read_schema(next((QUICKSTART / "metrics.parquet").rglob("*.parquet"))).names
+    shutil.copytree(QUICKSTART / "metrics.parquet", tmp_path / "metrics.parquet", symlinks=False)
+    metrics = ResultsDirectory(tmp_path).read("metrics")
+    kinds = metrics.groupby("eval_set")["eval_kind"].unique().map(list).to_dict()
+    assert all(len(k) == 1 for k in kinds.values()) and metrics["eval_kind"].notna().all()
+    by_kind = metrics.groupby("eval_kind")["eval_set"].nunique().to_dict()
+    # 1 test; 3 OOD sets; (test + 3 OOD) x 3 bit depths; 10 corruption types x 3 severities; clean + 2 attacks x 4 ε
+    assert by_kind == {
+        "in_domain": 1, "ood": 3, "bit_depth": 12, "corruption": 30, "adversarial": 9, "transfer": 9, "cost": 1,
+    }  # fmt: skip
+    assert set(metrics.loc[metrics["eval_kind"] == "ood", "eval_set"]) == {"digits_inverted", "digits_rotated", "noise"}

@@ -29,6 +29,7 @@ Pure naming: this module imports nothing heavy, so that ``analysis/`` (which rea
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -157,6 +158,12 @@ def parse(name: str) -> EvalSet:
 def eval_kind(name: str) -> EvalKind:
     """The kind of ``name`` (:data:`KINDS`); :class:`UnknownEvalSet` for a name outside the grammar."""
     return parse(name).kind
+
+
+def kinds_by_name(names: Iterable[str]) -> dict[str, EvalKind]:
+    """``{name: eval_kind(name)}`` for each distinct name of ``names`` (a column of metrics.parquet: each name
+    is parsed once)."""
+    return {name: eval_kind(name) for name in set(names)}
 
 
 def is_ood_name(name: str) -> bool:

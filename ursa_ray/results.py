@@ -58,6 +58,8 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from ursa_ray.eval_sets import kinds_by_name
+
 TRIAL_SCHEMA = pa.schema([
     ("trial_id", pa.string()), ("phase", pa.string()), ("cell", pa.string()), ("method", pa.string()),
     ("method_name", pa.string()), ("model", pa.string()), ("dataset", pa.string()), ("task", pa.string()),
@@ -73,8 +75,8 @@ TRIAL_SCHEMA = pa.schema([
 ])  # fmt: skip
 METRIC_SCHEMA = pa.schema([
     ("trial_id", pa.string()), ("method", pa.string()), ("model", pa.string()), ("dataset", pa.string()),
-    ("seed", pa.int64()), ("phase", pa.string()), ("eval_set", pa.string()), ("metric", pa.string()),
-    ("value", pa.float64()),
+    ("seed", pa.int64()), ("phase", pa.string()), ("eval_set", pa.string()), ("eval_kind", pa.string()),
+    ("metric", pa.string()), ("value", pa.float64()),
 ])  # fmt: skip
 POINT_SCHEMA = pa.schema([
     ("trial_id", pa.string()), ("method", pa.string()), ("model", pa.string()), ("experiment", pa.string()),
@@ -87,6 +89,14 @@ FINISHED = ("ok", "early_stopped")  # a resumed run does not rerun these; a fail
 COMPACTED = "compacted-"  # the name of every part `compact` writes starts with this
 ROWS_PER_COMPACTED_PART = 1_000_000
 VERSIONS = ".tables"  # local directories: the table folders the `<table>.parquet` links point at
+
+
+def with_eval_kind(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Metric rows, each with its ``eval_kind``: :func:`ursa_ray.eval_sets.eval_kind` of its ``eval_set``
+    (:class:`~ursa_ray.eval_sets.UnknownEvalSet` for a name outside the grammar)."""
+    rows = list(rows)
+    kinds = kinds_by_name(row["eval_set"] for row in rows)
+    return [row if row.get("eval_kind") else {**row, "eval_kind": kinds[row["eval_set"]]} for row in rows]
 
 
 class NotAResultsDirectory(FileNotFoundError):
@@ -285,11 +295,17 @@ class ResultsDirectory:
         return self.location / f"{name}.parquet"
 
     def read(self, name: str, columns: list[str] | None = None) -> pd.DataFrame:
-        """The ``name`` table (only ``columns``, if given) with its schema's columns; empty when nothing wrote it."""
+        """The ``name`` table (only ``columns``, if given) with its schema's columns; empty when nothing wrote it.
+        Metric rows written before the ``eval_kind`` column get it here, from their ``eval_set`` (when read)."""
         folder = self.folder(name)
         if not folder.exists():
             return SCHEMAS[name].empty_table().select(columns or SCHEMAS[name].names).to_pandas()
-        return pa.concat_tables(_batches(folder, name, columns)).to_pandas()
+        frame = pa.concat_tables(_batches(folder, name, columns)).to_pandas()
+        if name == "metrics" and {"eval_set", "eval_kind"} <= set(frame) and frame["eval_kind"].isna().any():
+            older = frame["eval_kind"].isna()
+            names = frame.loc[older, "eval_set"]
+            frame.loc[older, "eval_kind"] = names.map(kinds_by_name(names.unique()))
+        return frame
 
     def trials(self) -> pd.DataFrame:
         """The trials table, including the rows this object added (read from disk once, then kept up to date)."""
@@ -328,7 +344,7 @@ class ResultsDirectory:
         named by the trial id.  Point rows may also carry other ids (the anchor's, shared by the trials of one
         repetition, whose rows are the same whoever writes them): those parts are written once."""
         trial_id = record["trial_id"]
-        tables = {"trials": [record], "metrics": list(metrics), "points": list(points)}
+        tables = {"trials": [record], "metrics": with_eval_kind(metrics), "points": list(points)}
         for name, rows in tables.items():
             by_id: dict[str, list[dict[str, Any]]] = {trial_id: []}
             for row in rows:
