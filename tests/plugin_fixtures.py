@@ -31,6 +31,18 @@ TINY_MODEL = ModelSpec(
 )
 
 
+class EarlierProtocolSGD:
+    """A working method written against the earlier protocol: no base class and no ``constraints``; the
+    built-in SGD's stream."""
+
+    name = "earlier_sgd"
+    description = "the built-in SGD, declared without the base class"
+    hyperparameters = SGD.hyperparameters
+
+    def sample_posterior(self, problem, config, stats):
+        yield from SGD().sample_posterior(problem, config, stats)
+
+
 class MissingSamplePosterior:
     name = "no_sampler"
     description = "declares everything but sample_posterior"

@@ -25,10 +25,11 @@ from ursa_ray import data, methods, models, plugins
 from ursa_ray.cli import main
 from ursa_ray.grid import parse_grid
 from ursa_ray.methods import sgd
-from ursa_ray.methods.base import Constraint, Hyperparameter
+from ursa_ray.methods.base import Constraint, Hyperparameter, Method
 from ursa_ray.methods.sgd import SGD
 from ursa_ray.models.base import ModelSpec
 from ursa_ray.registry import RegistryError
+from ursa_ray.trial import run_trial
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "plugin"
@@ -148,15 +149,26 @@ def test_a_method_breaking_the_protocol_is_named_with_the_breach(attributes, mes
     assert str(info.value).startswith(message), str(info.value)
 
 
-def test_a_method_without_constraints_breaks_the_protocol():
-    class NoConstraints:
-        name, description, hyperparameters = "m", "", ()
-
-        def sample_posterior(self, problem, config, stats):
-            yield from ()
-
-    with pytest.raises(ValueError, match="^missing constraints$"):
-        plugins.check_method(NoConstraints())
+def test_a_method_of_the_earlier_protocol_without_constraints_is_accepted_and_runs(tmp_path, monkeypatch):
+    """A plug-in written before the base class, declaring no ``constraints``, validates, gets the base class's
+    defaults and runs a trial.  Catches the old refusal ("missing constraints")."""
+    monkeypatch.chdir(REPO)
+    name = "tests.plugin_fixtures:EarlierProtocolSGD"
+    method = methods.get_method(name)
+    assert isinstance(method, Method) and method.constraints == () and not method.batchable
+    grid = {
+        "name": "earlier",
+        "methods": [name],
+        "models": [{"name": "mlp", "options": {"widths": [8]}}],
+        "datasets": ["digits"],
+        "seeds": [0],
+        "budget": {"epochs": 1},
+        "save_predictions": False,
+    }
+    (spec,) = parse_grid(grid, str(tmp_path / "g.yaml")).trial_specs()
+    outcome = run_trial(spec)
+    accuracy = [m["value"] for m in outcome.metrics if m["eval_set"] == "test" and m["metric"] == "accuracy"]
+    assert outcome.record["n_samples"] == 1 and len(accuracy) == 1 and 0.0 <= accuracy[0] <= 1.0
 
 
 @pytest.mark.parametrize(

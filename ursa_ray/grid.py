@@ -280,11 +280,11 @@ class Grid:
     def vectorized_seeds(self, entry: MethodEntry, model: str) -> int:
         """How many seeds of ``entry`` on ``model`` one final-phase trial trains as one batched computation:
         the entry's ``vectorize_seeds``, else the grid's, when the method has a batched stream
-        (``sample_posterior_batched``) and the model declares itself ``batchable``; else 1.  (At run time a
+        (``Method.batchable``) and the model declares itself ``batchable``; else 1.  (At run time a
         trial splits its seeds further when their copies would not fit
         :data:`~ursa_ray.methods.batched.COPY_MEMORY_BUDGET`.)"""
         method = methods.get_method(entry.name)
-        if not hasattr(method, "sample_posterior_batched") or not models.get_model(model).batchable:
+        if not method.batchable or not models.get_model(model).batchable:
             return 1
         return entry.vectorize_seeds or self.vectorize_seeds
 
@@ -825,7 +825,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
                         "restrict the method with 'models:' or 'datasets:'",
                     )
     for i, m in enumerate(method_entries):
-        tasks = getattr(methods.get_method(m.name), "tasks", None)  # optional: the tasks a method supports
+        tasks = methods.get_method(m.name).tasks  # None: every task
         for d in dataset_entries:
             if tasks is not None and d.task not in tasks and any(m.pairs_with(mo.name, d.name) for mo in model_entries):
                 raise _fail(

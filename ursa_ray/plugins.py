@@ -110,17 +110,18 @@ def check_hyperparameters(declared: Any, attribute: str = "hyperparameters") -> 
 
 
 def check_method(method: Any) -> None:
-    """The method protocol (:class:`ursa_ray.methods.base.Method`): ``name``; ``description`` (a string);
-    ``hyperparameters`` (:func:`check_hyperparameters`); ``constraints``, a tuple of
-    :class:`~ursa_ray.methods.base.Constraint` on declared hyperparameters (required, ``()`` for none);
-    a callable ``sample_posterior``; and, when present, callable ``warm_up`` and ``posterior_storage``.
-    ValueError naming the first breach."""
+    """The method protocol (:class:`ursa_ray.methods.base.Method`, or an object written against the
+    earlier protocol without it): ``name``; ``description`` (a string); ``hyperparameters``
+    (:func:`check_hyperparameters`); ``constraints``, when present, a tuple of
+    :class:`~ursa_ray.methods.base.Constraint` on declared hyperparameters (none when absent); a callable
+    ``sample_posterior``; and, when present, callable ``warm_up`` and ``posterior_storage``.  ValueError
+    naming the first breach."""
     from ursa_ray.methods.base import Constraint
 
     check_name(_attribute(method, "name"))
     _check_string(method, "description")
     check_hyperparameters(_attribute(method, "hyperparameters"))
-    constraints = _attribute(method, "constraints")
+    constraints = getattr(method, "constraints", ())
     if not isinstance(constraints, tuple) or not all(isinstance(c, Constraint) for c in constraints):
         raise ValueError(f"constraints must be a tuple of Constraint (() for none), got {constraints!r}")
     declared = {h.name for h in method.hyperparameters}
@@ -182,6 +183,15 @@ CHECKS: dict[str, Callable[[Any], None]] = {"method": check_method, "model": che
 """The protocol check of each kind."""
 
 
+def registered(kind: str, item: Any) -> Any:
+    """What the registry holds for ``item``, which passed ``kind``'s check: a method as a
+    :class:`~ursa_ray.methods.base.Method` (:func:`~ursa_ray.methods.base.as_method` adapts one written
+    against the earlier protocol), a model or dataset as it is."""
+    from ursa_ray.methods.base import as_method
+
+    return as_method(item) if kind == "method" else item
+
+
 # ----------------------------------------------------------------------------------------------------
 # Loading
 # ----------------------------------------------------------------------------------------------------
@@ -207,7 +217,7 @@ def _checked(kind: str, load: Callable[[], Any]) -> tuple[Any, str | None]:
         return None, str(exc)
     except Exception as exc:  # an attribute that raises when read, a constraint whose names are not a tuple, ...
         return None, f"breaks the protocol: {_one_line(exc)}"
-    return item, None
+    return registered(kind, item), None
 
 
 def discover(group: str) -> tuple[EntryPoint, ...]:
@@ -242,7 +252,7 @@ def merge(kind: str, builtins: dict[str, Any], plugins: Iterable[Entry]) -> list
     stays usable) nor another plug-in's (both become broken): each such plug-in is broken, naming the other
     origin; a plug-in broken already keeps its own problem."""
     plugins = sorted(plugins, key=lambda e: (e.name, e.origin))
-    entries = [Entry(name, BUILT_IN, item) for name, item in builtins.items()]
+    entries = [Entry(name, BUILT_IN, registered(kind, item)) for name, item in builtins.items()]
     for entry in plugins:
         others = [o.origin for o in plugins if o.name == entry.name and o is not entry]
         if entry.problem is None and entry.name in builtins:

@@ -411,11 +411,11 @@ def run_trials_batched(specs: list[Mapping[str, Any]], device: torch.device | No
     method = first.method
     with torch.random.fork_rng(devices=[]):
         probe = first.build_model()
-    if not hasattr(method, "sample_posterior_batched") or not batched.can_batch(probe, first.problem):
+    if not method.batchable or not batched.can_batch(probe, first.problem):
         return [run_trial(spec, device) for spec in specs]
     runs = [first] + [TrialRun(spec, device, own_init_stream=True) for spec in specs[1:]]
     config = specs[0]["config"]
-    copies_per_seed = method.batched_copies(config, probe) if hasattr(method, "batched_copies") else 1
+    copies_per_seed = method.batched_copies(config, probe)
     batch = config.get("batch_size", runs[0].problem.n_train)  # full-batch methods (HMC) pass every example
     fit = max(1, batched.max_copies(probe, batch, math.prod(runs[0].ds.input_shape)) // copies_per_seed)
     outcomes = []

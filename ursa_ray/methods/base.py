@@ -352,16 +352,35 @@ class EarlierProtocolMethod(Method):
     """A method object written against the earlier protocol, without the base class: its own ``name``,
     ``description``, ``hyperparameters`` and ``sample_posterior``, and whichever of the optional
     attributes it has (``constraints``, ``tasks``, ``sample_posterior_batched``, ``batched_copies``,
-    ``posterior_storage``, ``warm_up``); the base class's defaults for the others."""
+    ``posterior_storage``, ``warm_up``); the base class's defaults for the others.  Each attribute is read
+    from the object when asked for."""
 
     def __init__(self, item: Any):
         self.item = item
-        self.name = item.name
-        self.description = item.description
-        self.hyperparameters = item.hyperparameters
-        self.constraints = getattr(item, "constraints", ())
-        self.tasks = getattr(item, "tasks", None)
-        self.chains_in_turn_when_unbatchable = getattr(item, "chains_in_turn_when_unbatchable", False)
+
+    @property
+    def name(self) -> str:
+        return self.item.name
+
+    @property
+    def description(self) -> str:
+        return self.item.description
+
+    @property
+    def hyperparameters(self) -> tuple[Hyperparameter, ...]:
+        return self.item.hyperparameters
+
+    @property
+    def constraints(self) -> tuple[Constraint, ...]:
+        return getattr(self.item, "constraints", ())
+
+    @property
+    def tasks(self) -> tuple[str, ...] | None:
+        return getattr(self.item, "tasks", None)
+
+    @property
+    def chains_in_turn_when_unbatchable(self) -> bool:
+        return getattr(self.item, "chains_in_turn_when_unbatchable", False)
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]

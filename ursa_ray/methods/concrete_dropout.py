@@ -26,7 +26,16 @@ import torch
 from torch import Tensor, nn
 
 from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, replace_module, train_adam
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, StorageCount, n_parameters
+from ursa_ray.methods.base import (
+    Hyperparameter,
+    Method,
+    Predictor,
+    Problem,
+    StorageCount,
+    batched_passes,
+    n_parameters,
+    passes,
+)
 from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, train_adam_copies
 
 _EPS = 1e-7
@@ -172,7 +181,7 @@ def concrete_dropout_storage(sample: nn.Module, config: Mapping[str, Any], n_sam
     return StorageCount(weights=n_parameters(sample) - rates, other_values=rates)
 
 
-class ConcreteDropoutMethod:
+class ConcreteDropoutMethod(Method):
     name = "concrete_dropout"
     description = "concrete dropout: MC dropout with per-layer rates learned through the concrete relaxation"
     hyperparameters = ADAM_HYPERPARAMETERS + (
@@ -188,7 +197,6 @@ class ConcreteDropoutMethod:
         Hyperparameter("length_scale", float, 1.0, "prior length-scale l: weights ~ N(0, 1/l²)", low=0.0),
         Hyperparameter("n_samples", int, 50, "stochastic forward passes", low=1),
     )
-    constraints = ()  # no rule between its hyperparameters beyond their own ranges
     posterior_storage = staticmethod(concrete_dropout_storage)
 
     def sample_posterior(
@@ -212,9 +220,7 @@ class ConcreteDropoutMethod:
         stats["cd_p_mean"] = sum(rates) / len(rates)
         stats["cd_p_max"] = max(rates)
         model.eval()  # Bernoulli masks at the learned rates; batch norm (if any) in evaluation mode
-        for s in range(config["n_samples"]):
-            stats["n_samples"] = s + 1
-            yield model
+        yield from passes(model, config["n_samples"], stats)
 
     def sample_posterior_batched(
         self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
@@ -251,10 +257,7 @@ class ConcreteDropoutMethod:
             one["final_loss"] = final
             one["cd_p_mean"] = sum(rates) / len(rates)
             one["cd_p_max"] = max(rates)
-        for s in range(config["n_samples"]):
-            for one in stats:
-                one["n_samples"] = s + 1
-            yield models
+        yield from batched_passes(models, config["n_samples"], stats)
 
 
 METHODS = (ConcreteDropoutMethod(),)

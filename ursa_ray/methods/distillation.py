@@ -58,6 +58,7 @@ from ursa_ray.methods._training import autocast_body, optimiser_options
 from ursa_ray.methods.base import (
     Constraint,
     Hyperparameter,
+    Method,
     Predictor,
     Problem,
     check_constraints,
@@ -367,7 +368,7 @@ class StudentCopies:
         return losses.detach()
 
 
-class _Distillation:
+class _Distillation(Method):
     """``bdk`` (``expectations`` False) and ``gped`` (True): the shared teacher chain and student loop."""
 
     def __init__(self, name: str, description: str, *, expectations: bool, distill_every: int):

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from ursa_ray.methods import _training
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
-from ursa_ray.methods.base import Hyperparameter, Likelihood, Predictor, Problem, sample_networks_storage
+from ursa_ray.methods.base import Hyperparameter, Likelihood, Method, Predictor, Problem, sample_networks_storage
 from ursa_ray.methods.batched import (
     CopyData,
     StackedNetworks,
@@ -67,7 +67,7 @@ def train_adversarial(
     return _training.train_sgd(model, problem, config, stats, loss_fn=adversarial_loss, grad_evals_per_step=3)
 
 
-class DeepEnsemble:
+class DeepEnsemble(Method):
     name = "deep_ensemble"
     description = (
         "deep ensemble: independently initialised networks trained by SGD, one sample per member "
@@ -84,7 +84,6 @@ class DeepEnsemble:
             low=0.0,
         ),
     )
-    constraints = ()  # no rule between its hyperparameters beyond their own ranges
     posterior_storage = staticmethod(sample_networks_storage)  # the M = S members
 
     def sample_posterior(

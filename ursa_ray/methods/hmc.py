@@ -57,6 +57,7 @@ from torch.func import functional_call, vmap
 from ursa_ray.methods._sgmcmc_kernels import FlatModel
 from ursa_ray.methods.base import (
     Hyperparameter,
+    Method,
     Predictor,
     Problem,
     flat_parameters,
@@ -382,7 +383,7 @@ def _chain_stats_summary(chains: Sequence[dict[str, float]], into: dict[str, flo
             into[key] = sum(c[key] for c in chains) / len(chains)
 
 
-class HMC:
+class HMC(Method):
     name = "hmc"
     description = "full-batch HMC: leapfrog + Metropolis-Hastings, dual-averaging step size during burn-in"
     hyperparameters = (
@@ -415,7 +416,6 @@ class HMC:
             low=1,
         ),
     )
-    constraints = ()  # no rule between its hyperparameters beyond their own ranges
     posterior_storage = staticmethod(sample_networks_storage)  # the S kept states
 
     def sample_posterior(

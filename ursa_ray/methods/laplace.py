@@ -66,6 +66,7 @@ from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
 from ursa_ray.methods.base import (
     Constraint,
     Hyperparameter,
+    Method,
     Predictor,
     Problem,
     StorageCount,
@@ -298,7 +299,7 @@ def laplace_storage(sample: nn.Module, config: Mapping[str, Any], n_samples: int
     )
 
 
-class Laplace:
+class Laplace(Method):
     name = "laplace"
     description = (
         "Laplace approximation N(θ_MAP, (GGN + P₀)⁻¹) after SGD, through laplace-torch: last-layer or all "

@@ -15,7 +15,15 @@ from typing import Any
 from torch import nn
 
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, one_network_storage
+from ursa_ray.methods.base import (
+    Hyperparameter,
+    Method,
+    Predictor,
+    Problem,
+    batched_passes,
+    one_network_storage,
+    passes,
+)
 from ursa_ray.methods.batched import CopyData, StackedNetworks, train_sgd_copies
 
 
@@ -29,14 +37,13 @@ def set_dropout(model: nn.Module, p: float) -> list[nn.Dropout]:
     return layers
 
 
-class MCDropout:
+class MCDropout(Method):
     name = "mc_dropout"
     description = "MC dropout: dropout at train and test time, one stochastic forward pass per sample"
     hyperparameters = SGD_HYPERPARAMETERS + (
         Hyperparameter("p", float, 0.2, "dropout rate", low=0.0, high=0.95),
         Hyperparameter("n_samples", int, 20, "stochastic forward passes", low=1),
     )
-    constraints = ()  # no rule between its hyperparameters beyond their own ranges
     # one network: the rate p is a hyperparameter and the masks are drawn at prediction time
     posterior_storage = staticmethod(one_network_storage)
 
@@ -49,9 +56,7 @@ class MCDropout:
         model.eval()
         for layer in dropout_layers:
             layer.train()
-        for s in range(config["n_samples"]):
-            stats["n_samples"] = s + 1
-            yield model
+        yield from passes(model, config["n_samples"], stats)
 
     def sample_posterior_batched(
         self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
@@ -68,10 +73,7 @@ class MCDropout:
             layer.train()
         for one in stats:
             one["grad_evals"] = one.get("grad_evals", 0.0) + steps
-        for s in range(config["n_samples"]):
-            for one in stats:
-                one["n_samples"] = s + 1
-            yield models
+        yield from batched_passes(models, config["n_samples"], stats)
 
 
 METHODS = (MCDropout(),)

@@ -36,7 +36,15 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, replace_module, train_adam
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, one_network_storage
+from ursa_ray.methods.base import (
+    Hyperparameter,
+    Method,
+    Predictor,
+    Problem,
+    batched_passes,
+    one_network_storage,
+    passes,
+)
 from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, train_adam_copies
 
 
@@ -156,7 +164,7 @@ def _ramp(config: Mapping[str, Any], progress: float) -> float:
     return config["kl_weight"] * (1.0 if warmup == 0 else min(1.0, progress / warmup))
 
 
-class MeanFieldVIMethod:
+class MeanFieldVIMethod(Method):
     name = "mfvi"
     description = "mean-field VI (Bayes by Backprop): factorised Gaussian weights, local reparameterisation / Flipout"
     hyperparameters = ADAM_HYPERPARAMETERS + (
@@ -168,7 +176,6 @@ class MeanFieldVIMethod:
         Hyperparameter("kl_warmup", float, 0.2, "share of training over which β ramps up from 0", low=0.0, high=1.0),
         Hyperparameter("n_samples", int, 30, "weight draws (stochastic forward passes) at test time", low=1),
     )
-    constraints = ()  # no rule between its hyperparameters beyond their own ranges
     # one network whose parameters are the means and ρ of every weight of its Linear and Conv2d layers
     posterior_storage = staticmethod(one_network_storage)
 
@@ -186,9 +193,7 @@ class MeanFieldVIMethod:
         train_adam(model, problem, config, stats, regulariser)
         _record(stats, layers)
         model.eval()  # batch norm (if any) in evaluation mode; the Bayesian layers keep sampling
-        for s in range(config["n_samples"]):
-            stats["n_samples"] = s + 1
-            yield model
+        yield from passes(model, config["n_samples"], stats)
 
     def sample_posterior_batched(
         self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
@@ -217,10 +222,7 @@ class MeanFieldVIMethod:
             one["grad_evals"] = one.get("grad_evals", 0.0) + steps
             one["final_loss"] = final
             _record(one, layers)
-        for s in range(config["n_samples"]):
-            for one in stats:
-                one["n_samples"] = s + 1
-            yield models
+        yield from batched_passes(models, config["n_samples"], stats)
 
 
 METHODS = (MeanFieldVIMethod(),)

@@ -6,15 +6,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
-from ursa_ray.methods.base import Predictor, Problem, one_network_storage
+from ursa_ray.methods.base import Method, Predictor, Problem, one_network_storage
 from ursa_ray.methods.batched import CopyData, StackedNetworks, train_sgd_copies
 
 
-class SGD:
+class SGD(Method):
     name = "sgd"
     description = "SGD with momentum; the trained network is the single sample (a point estimate)"
     hyperparameters = SGD_HYPERPARAMETERS
-    constraints = ()  # no rule between its hyperparameters beyond their own ranges
     posterior_storage = staticmethod(one_network_storage)  # the trained network
 
     def sample_posterior(

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm
 
 from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, minimise, replace_module
-from ursa_ray.methods.base import Gaussian, Hyperparameter, Predictor, Problem, StorageCount, n_parameters
+from ursa_ray.methods.base import Gaussian, Hyperparameter, Method, Predictor, Problem, StorageCount, n_parameters
 
 MEAN_FIELD_FACTOR = math.pi / 8
 """λ of the mean-field approximation E[softmax(g)] ≈ softmax(g / √(1 + λ v))."""
@@ -141,7 +141,7 @@ def sngp_storage(sample: nn.Module, config: Mapping[str, Any], n_samples: int) -
     return StorageCount(weights=n_parameters(sample) + extra)
 
 
-class SNGPMethod:
+class SNGPMethod(Method):
     name = "sngp"
     description = "SNGP: spectral-normalised hidden layers and a random-feature GP output with its Laplace covariance"
     hyperparameters = ADAM_HYPERPARAMETERS + (
@@ -156,7 +156,6 @@ class SNGPMethod:
         ),
         Hyperparameter("n_samples", int, 20, "output draws at test time where the predictive is sampled", low=1),
     )
-    constraints = ()  # no rule between its hyperparameters beyond their own ranges
     posterior_storage = staticmethod(sngp_storage)
 
     def sample_posterior(

@@ -41,6 +41,7 @@ from ursa_ray.methods._training import SGD_HYPERPARAMETERS
 from ursa_ray.methods.base import (
     Constraint,
     Hyperparameter,
+    Method,
     Predictor,
     Problem,
     StorageCount,
@@ -187,7 +188,7 @@ def subspace_storage(sample: nn.Module, config: Mapping[str, Any], n_samples: in
     return StorageCount(weights=(rank + 1) * n_parameters(sample), other_values=n_samples * rank)
 
 
-class PCAESS:
+class PCAESS(Method):
     name = "pca_ess"
     description = (
         "subspace inference: PCA of SGD iterates (rank-K subspace around the SWA mean), elliptical slice "

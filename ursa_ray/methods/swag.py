@@ -47,6 +47,7 @@ from ursa_ray.methods._training import SGD_HYPERPARAMETERS, autocast_body, check
 from ursa_ray.methods.base import (
     Constraint,
     Hyperparameter,
+    Method,
     Predictor,
     Problem,
     StorageCount,
@@ -408,7 +409,7 @@ def swag_storage(sample: nn.Module, config: Mapping[str, Any], n_samples: int) -
     return StorageCount(weights=(2 + (deviations if deviations >= 2 else 0)) * n_parameters(sample))
 
 
-class SWAG:
+class SWAG(Method):
     name = "swag"
     description = (
         "SWAG: SGD burn-in, constant-rate SGD iterates → Gaussian N(θ̄, scale·½(diag σ² + DᵀD/(K−1))), "
@@ -467,7 +468,7 @@ class SWAG:
             yield models
 
 
-class SWA:
+class SWA(Method):
     name = "swa"
     description = "SWA: the average θ̄ of constant-rate SGD iterates as a single sample (batch norm refreshed)"
     hyperparameters = SGD_HYPERPARAMETERS + SWA_HYPERPARAMETERS

@@ -27,7 +27,15 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, replace_module, train_adam
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, one_network_storage
+from ursa_ray.methods.base import (
+    Hyperparameter,
+    Method,
+    Predictor,
+    Problem,
+    batched_passes,
+    one_network_storage,
+    passes,
+)
 from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, train_adam_copies
 
 K1, K2, K3 = 0.63576, 1.87320, 1.48695
@@ -93,7 +101,7 @@ def install_variational_linear(model: nn.Module, init_log_sigma2: float) -> list
     return layers
 
 
-class VariationalDropoutMethod:
+class VariationalDropoutMethod(Method):
     name = "variational_dropout"
     description = "variational dropout: per-weight Gaussian multiplicative noise with learned alpha (sparse VD KL)"
     hyperparameters = ADAM_HYPERPARAMETERS + (
@@ -102,7 +110,6 @@ class VariationalDropoutMethod:
         Hyperparameter("kl_warmup", float, 0.2, "share of training over which β ramps up from 0", low=0.0, high=1.0),
         Hyperparameter("n_samples", int, 50, "stochastic forward passes", low=1),
     )
-    constraints = ()  # no rule between its hyperparameters beyond their own ranges
     # one network whose parameters are θ, the biases and a learned log σ² per weight of every Linear layer
     posterior_storage = staticmethod(one_network_storage)
 
@@ -124,9 +131,7 @@ class VariationalDropoutMethod:
         stats["vd_log_alpha_mean"] = float(log_alpha.mean())
         stats["vd_sparsity"] = float((log_alpha > 3).double().mean())  # share of weights Molchanov would prune
         model.eval()
-        for s in range(config["n_samples"]):
-            stats["n_samples"] = s + 1
-            yield model
+        yield from passes(model, config["n_samples"], stats)
 
     def sample_posterior_batched(
         self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
@@ -159,10 +164,7 @@ class VariationalDropoutMethod:
             one["final_loss"] = final
             one["vd_log_alpha_mean"] = float(la.mean())
             one["vd_sparsity"] = float((la > 3).double().mean())
-        for s in range(config["n_samples"]):
-            for one in stats:
-                one["n_samples"] = s + 1
-            yield models
+        yield from batched_passes(models, config["n_samples"], stats)
 
 
 METHODS = (VariationalDropoutMethod(),)
