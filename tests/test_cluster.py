@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from light_evaluation import LIGHT_EVALUATION as LIGHT  # quicker trials: no corruption sets, a small attack
 
 pytestmark = pytest.mark.slow  # starts Ray or runs whole grids: not in the fast tier (-m "not slow")
 
@@ -43,12 +44,6 @@ TINY = {
     "resources": {"cpu": 1},
     "budget": {"epochs": 2, "n_samples": 2, "batch_size": 128},
     "save_predictions": False,
-}
-
-LIGHT = {  # quicker trials for the tests of where trials run: no corruption sets, a small attack, no transfer
-    "corruptions": {"types": []},
-    "bit_depths": [],
-    "adversarial": {"attacks": ["fgsm"], "n_examples": 100, "transfer": False},
 }
 
 
