@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import ursa_ray.tune.trials as trials_module
-from ursa_ray.grid import parse_grid
+from ursa_ray.api import check
 from ursa_ray.results import ResultsDirectory
 from ursa_ray.tune.callback import RunSummary
 from ursa_ray.tune.cluster import connect
@@ -83,8 +83,9 @@ def trivial_trial(param: dict[str, Any]) -> None:
 
 
 def trivial_specs(n: int, busy_s: float = 0.0) -> tuple[Any, list[dict[str, Any]]]:
-    """The benchmark grid and ``n`` copies of its one spec, each a trial of its own (one seed, its own id)."""
-    grid = parse_grid(dict(GRID), "driver-bench")
+    """The benchmark grid and ``n`` copies of its one spec, each a trial of its own (one seed, its own id); the
+    grid is checked in a child process, as ``ursa-ray run`` checks it: the driver does not import torch."""
+    grid = check(dict(GRID))
     base = grid.trial_specs()[0]
     specs = [
         {**base, "seed": i, "trial_id": f"bench-{i:06d}", "vectorize_seeds": 1, "busy_s": busy_s} for i in range(n)
@@ -239,7 +240,7 @@ def driver_cost(n_trials: int, window: int, echo: Any, write: bool = True) -> di
         f"{figures['ratio_without_add']:.2f}; wall per trial {figures['wall_ms_early']:.1f} -> {figures['wall_ms_late']:.1f} ms"
     )
     print(
-        f"  driver peak RSS {figures['peak_rss_mb']:.0f} MB; driver CPU {figures['driver_cpu_s']:.0f} s in all; Tune "
+        f"  driver peak RSS {figures['peak_rss_mb']:.0f} MB (torch imported: {'torch' in sys.modules}); driver CPU {figures['driver_cpu_s']:.0f} s in all; Tune "
         f"experiment-state snapshots: {figures['snapshots']}, {figures['snapshot_s_total']:.1f} CPU-s in all, the last "
         f"{figures['snapshot_s_last']:.2f} s; {figures['steps_per_trial']:.1f} Tune steps per trial; garbage "
         f"collection {figures['gc_s']:.1f} CPU-s in all"

@@ -149,6 +149,26 @@ BAD = [
 ]
 
 
+def test_the_grids_budget_keys_are_the_methods():
+    """grid.py names the budget keys without importing methods.base (torch); they must stay the same."""
+    from ursa_ray import grid
+    from ursa_ray.methods.base import BUDGET_KEYS
+
+    assert grid.BUDGET_KEYS == BUDGET_KEYS
+
+
+def test_final_specs_are_built_once_and_handed_out_as_new_lists():
+    """The driver reads the final specs a checked grid kept (it has no registries); a caller changing its list
+    changes no other caller's, and the search phase's overrides are never served from the kept specs."""
+    grid = parse_grid(variant(), "g.yaml")
+    first = grid.trial_specs()
+    first.pop()
+    assert len(grid.trial_specs("final", {})) == len(first) + 1 == 2 * 2
+    overrides = {s["cell"]: {"lr": 0.2} for s in first if s["method"] == "sgd"}
+    assert {s["config"]["lr"] for s in grid.trial_specs("final", overrides) if s["method"] == "sgd"} == {0.2}
+    assert {s["config"]["lr"] for s in grid.trial_specs() if s["method"] == "sgd"} == {0.05}
+
+
 def test_method_restricted_to_datasets():
     raw = variant(
         datasets=["digits", {"name": "e1", "complexity": [1, 2]}],

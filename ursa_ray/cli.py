@@ -67,11 +67,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from ursa_ray import api
     from ursa_ray.tune.progress import Progress
 
-    grid = load_grid(args.grid)
+    grid = api.check(args.grid)  # in a child process: this one, Tune's driver, never imports torch
     out = args.out or str(Path("results") / grid.name)
     progress = Progress.for_stdout(args.progress)
     try:
-        summary = api.run(grid, out, address=args.address, echo=progress, allow_grid_change=args.allow_grid_change)
+        summary = api.run_checked(
+            grid, out, address=args.address, echo=progress, allow_grid_change=args.allow_grid_change
+        )
     except KeyboardInterrupt:  # a second Ctrl-C: stopped at once (never in the middle of writing a trial's rows)
         progress.close()
         print(

@@ -18,16 +18,10 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ursa_ray import data, methods, models
-from ursa_ray.evaluation.adversarial import validate_adversarial
-from ursa_ray.evaluation.corruptions import CORRUPTIONS, SEVERITIES, validate_corruptions
-from ursa_ray.evaluation.test_time_cost import QUANTISATION_SCHEMES
-from ursa_ray.methods._training import PRECISIONS
-from ursa_ray.methods.base import BUDGET_KEYS, Constraint, Hyperparameter, resolve_config
 from ursa_ray.registry import RegistryError
 from ursa_ray.search_space import (
     SEARCH_KEYS,
@@ -37,6 +31,16 @@ from ursa_ray.search_space import (
     parse_search_settings,
     parse_search_space,
 )
+
+if TYPE_CHECKING:
+    from ursa_ray.methods.base import Constraint, Hyperparameter
+
+# The registries (methods, models, datasets) and the evaluation modules import torch: they are imported where a
+# grid is validated or its specs built, never on import, so that a run's Tune driver, which gets a validated grid
+# with its final specs built (:meth:`Grid.trial_specs`), runs without torch (docs/performance.md, "Driver memory
+# per trial").
+BUDGET_KEYS = ("epochs", "n_samples", "batch_size")
+"""The keys of the grid's ``budget`` block (:data:`ursa_ray.methods.base.BUDGET_KEYS`, which a test holds equal)."""
 
 DEFAULT_VECTORIZE_SEEDS = 8
 """Seeds per batched trial when a grid does not say (see :meth:`Grid.vectorized_seeds`)."""
@@ -142,6 +146,8 @@ class DatasetEntry:
     complexity: tuple[float, ...] | None
     options: dict[str, Any]
     file: dict[str, Any] | None = None  # a dataset read from files: its checked `file` block (data/files.py)
+    sweep: str | None = None
+    """The dataset option ``complexity`` sweeps (:attr:`ursa_ray.data.base.DatasetSpec.sweep`; None: none)."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,9 @@ class Grid:
     statistics: dict[str, str] = field(default_factory=lambda: {"interval": "t"})
     """The validated ``statistics`` block (:func:`parse_statistics`): how ``ursa-ray report`` computes intervals;
     it changes no trial."""
+    _final_specs: list[dict[str, Any]] = field(default_factory=list, init=False, compare=False, repr=False)
+    """The final specs without overrides once built (:meth:`trial_specs`): pickled with the grid, so the driver
+    reads them without the registries."""
 
     def cells(self) -> list[dict[str, Any]]:
         """(method, model, dataset, complexity) combinations, each a dict ready for trial specs."""
@@ -193,7 +202,7 @@ class Grid:
                     for c in d.complexity or (None,):
                         options = dict(d.options)
                         if c is not None:
-                            options[data.get_dataset(d.name).sweep] = c
+                            options[d.sweep] = c
                         out.append(
                             {"method": m, "model": mo, "dataset": d, "complexity": c, "dataset_options": options}
                         )
@@ -215,8 +224,11 @@ class Grid:
         """Every final-phase trial of the grid as a JSON-able spec.
 
         ``overrides`` maps a cell key (see :func:`cell_key`) to the hyperparameters found by the search
-        phase; they replace the grid's fixed values for that cell.
+        phase; they replace the grid's fixed values for that cell.  The final specs without overrides are built
+        once (the grid is immutable); each call returns a new list of them.
         """
+        if phase == "final" and not overrides and self._final_specs:
+            return list(self._final_specs)
         specs = []
         for cell in self.cells():
             key = cell_key(cell)
@@ -227,9 +239,15 @@ class Grid:
             _link_transfer_sources(specs)
         if phase == "final" and self.reference is not None:
             specs = _link_references(specs, self.reference) + specs
+        if phase == "final" and not overrides:
+            self._final_specs[:] = specs
+            return list(specs)
         return specs
 
     def spec_for(self, cell: dict[str, Any], seed: int, phase: str, extra: dict[str, Any]) -> dict[str, Any]:
+        from ursa_ray import data, methods
+        from ursa_ray.methods.base import resolve_config
+
         m: MethodEntry = cell["method"]
         fixed = {k: v for _, layer in _layers(m, cell["model"].name, self.budget) for k, v in layer.items()}
         config = resolve_config(methods.get_method(m.name), {**fixed, **extra})
@@ -283,6 +301,8 @@ class Grid:
         (``Method.batchable``) and the model declares itself ``batchable``; else 1.  (At run time a
         trial splits its seeds further when their copies would not fit
         :data:`~ursa_ray.methods.batched.COPY_MEMORY_BUDGET`.)"""
+        from ursa_ray import methods, models
+
         method = methods.get_method(entry.name)
         if not method.batchable or not models.get_model(model).batchable:
             return 1
@@ -345,6 +365,8 @@ def _layers(entry: MethodEntry, model: str, budget: Mapping[str, int]) -> tuple[
     """The grid's settings of ``entry``'s fixed configuration on ``model``, lowest precedence first (each
     overrides the method's defaults and the layers before it), each with the kind of field holding it:
     ``budget`` (the keys the method declares), ``hyperparameters`` and ``model_hyperparameters``."""
+    from ursa_ray import methods
+
     declared = {h.name for h in methods.get_method(entry.name).hyperparameters}
     return (
         ("budget", {k: v for k, v in budget.items() if k in declared}),
@@ -543,6 +565,9 @@ def _check_constraints(
     resolved configuration with each model it runs on; a constraint on searched hyperparameters at every
     corner of the search space instead.  The GridError names the grid field that set one of the values, and
     where each value involved came from."""
+    from ursa_ray import methods
+    from ursa_ray.methods.base import resolve_config
+
     method = methods.get_method(entry.name)
     where = f"methods[{index}]"
     for model in model_names:
@@ -621,6 +646,7 @@ def _file_dataset_entry(path: str, where: str, item: Mapping[str, Any]) -> Datas
     """A dataset entry with a ``file`` block (:mod:`ursa_ray.data.files`): a name of its own, the block
     checked and its paths made absolute from the grid file's folder.  The files themselves are checked by
     :func:`check_data`."""
+    from ursa_ray import data
     from ursa_ray.data.files import SET_NAME, FileDatasetError, parse_file_settings
 
     name = item["name"]
@@ -648,6 +674,11 @@ def _file_dataset_entry(path: str, where: str, item: Mapping[str, Any]) -> Datas
 
 def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     """Validate a grid (the result of yaml.safe_load) and return it; GridError on the first problem."""
+    from ursa_ray import data, methods, models
+    from ursa_ray.evaluation.adversarial import validate_adversarial
+    from ursa_ray.evaluation.test_time_cost import QUANTISATION_SCHEMES
+    from ursa_ray.methods._training import PRECISIONS
+
     if not isinstance(raw, dict):
         raise _fail(path, "top level", f"expected a mapping with keys {sorted(TOP_KEYS)}")
     for key in raw:
@@ -711,7 +742,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
                     raise _fail(path, f"{where}.complexity[{j}]", str(exc)) from None
             complexity = tuple(checked)
         options = _check_options(path, f"{where}.options", f"dataset {spec.name}", spec.options, item.get("options"))
-        dataset_entries.append(DatasetEntry(item["name"], spec.task, tuple(ood), complexity, options))
+        dataset_entries.append(DatasetEntry(item["name"], spec.task, tuple(ood), complexity, options, sweep=spec.sweep))
     if len({d.name for d in dataset_entries}) != len(dataset_entries):  # a cell is named by its dataset
         raise _fail(path, "datasets", "each dataset may appear once")
 
@@ -914,6 +945,8 @@ CORRUPTION_KEYS = ("types", "severities", "n_examples")
 def _parse_corruptions(path: str, raw: Any) -> dict[str, Any]:
     """The ``corruptions`` block with its defaults: every type, severities 1–5, the first 1,000 test examples;
     ``types: []`` turns the corruption sets off."""
+    from ursa_ray.evaluation.corruptions import CORRUPTIONS, SEVERITIES, validate_corruptions
+
     if not isinstance(raw, dict):
         raise _fail(path, "corruptions", f"expected a mapping with keys {', '.join(CORRUPTION_KEYS)}")
     for key in raw:
@@ -1010,6 +1043,8 @@ def load_grid(path: str | Path) -> Grid:
 def check_data(grid: Grid) -> None:
     """Raise GridError when a dataset's files are missing (before any trial starts), or a dataset read
     from files cannot be used (each is loaded once, see :func:`_check_file_dataset`)."""
+    from ursa_ray import data
+
     root = data.base.data_root(grid.data_root)
     for i, d in enumerate(grid.datasets):
         if d.file is not None:
@@ -1030,7 +1065,7 @@ def _check_reference_fits(grid: Grid, root: Path) -> None:
     """Refuse a reference on a classification (model, dataset) whose full-batch memory estimate
     (:func:`ursa_ray.reference.full_batch_bytes`) exceeds :data:`ursa_ray.reference.MAX_FULL_BATCH_BYTES`;
     each such dataset is loaded once and each model built once on the CPU."""
-    from ursa_ray import reference
+    from ursa_ray import data, models, reference
 
     chains = int({**reference.SETTINGS_DEFAULTS, **grid.reference}["chains"])
     for d in grid.datasets:
@@ -1060,6 +1095,7 @@ def _check_file_dataset(grid: Grid, index: int, entry: DatasetEntry) -> None:
     """Load a dataset read from files as a trial will (:func:`ursa_ray.data.files.load_file_dataset`): a file
     that cannot be used is a GridError at ``datasets[index].file.KEY``; an image classification set needs
     the grid's ``adversarial.epsilons`` (pixel units; there are no family defaults for it)."""
+    from ursa_ray import data
     from ursa_ray.data.files import FileDatasetError
     from ursa_ray.evaluation.adversarial import AdversarialSettings
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ursa_ray.methods.base import Hyperparameter
+if TYPE_CHECKING:  # annotations only: the grid's syntax is read without importing torch (the run's driver never does)
+    from ursa_ray.methods.base import Hyperparameter
 
 SPACE_TYPES = ("uniform", "loguniform", "int", "choice")
 SEARCH_KEYS = {
