@@ -169,67 +169,11 @@ def run_search_phase(
             overrides[key] = pinned
             echo(f"search phase: {key}: closed (its final phase has started) with {pinned}")
             continue
-        base = grid.spec_for(cell, grid.seeds[0], "search", {})
-        rows = search_rows(results, key)
-        remaining, finished, budget = search_plan(rows, settings)
-        spent = budget.spent_before
-        if (remaining is None or remaining > 0) and not budget.exhausted():
-            plan = [] if remaining is None else [f"{remaining} trial(s)"]
-            if budget.active:
-                plan.append(f"until its {budget.describe()} is spent ({spent[0]:.1f} CPU-s, {spent[1]:.1f} GPU-s used)")
-            echo(
-                f"search phase: {key}: {' or '.join(plan)} ({finished} already finished), {settings.algorithm}"
-                f"{', asha' if settings.scheduler == 'asha' else ''}, metric {settings.metric}"
-            )
-            space = {name: DISTRIBUTIONS[d["type"]](d) for name, d in method.search_space.items()}
-            concurrency = settings.max_concurrent or grid.max_concurrent_trials
-            tune_config = tune.TuneConfig(
-                metric=settings.metric,
-                mode=settings.mode,
-                num_samples=-1 if remaining is None else remaining,
-                search_alg=_search_algorithm(
-                    settings,
-                    seed=grid.seeds[0] + len(rows),  # a new stream once trials are recorded: no configuration redrawn
-                    history=searcher_history(rows, method.search_space, settings.metric) if not rows.empty else [],
-                    max_concurrent=concurrency,
-                ),
-                scheduler=_scheduler(settings),
-                # Tune applies max_concurrent_trials to a Searcher (TPE) only; random search takes its own
-                max_concurrent_trials=concurrency if settings.algorithm == "tpe" else None,
-                reuse_actors=True,
-            )
-            stopper = run_trials(
-                [],
-                grid,
-                results,
-                f"search-{key.replace('/', '-')}-{stamp}",
-                summary,
-                echo,
-                interrupt,
-                tune_config=tune_config,
-                param_space={"spec": pack(base), "hp": space},
-                budget=budget if budget.active else None,
-                total=remaining,
-            )
-            if stopper.reason == "interrupt" or (interrupt is not None and interrupt.is_set()):
-                break  # no selection from a cut-short search
-            rows = search_rows(results, key)
-            if stopper.reason == "budget":
-                summary.budget_stopped.append(key)
-                echo(
-                    f"search phase: {key}: its {budget.describe()} is spent after {len(rows)} trial(s) "
-                    f"({rows['reserved_cpu_s'].sum():.1f} CPU-s, {rows['reserved_gpu_s'].sum():.1f} GPU-s reserved)"
-                )
+        if not _search_cell(grid, cell, results, summary, echo, stamp, interrupt):
+            break  # no selection from a cut-short search
         found = best_config(results, key, settings.metric, settings.mode)
         if found is None:
-            rows = search_rows(results, key)
-            failed = int((rows["status"] == "failed").sum()) if not rows.empty else 0
-            if rows.empty:
-                why = "no search trial was recorded"
-            elif failed == len(rows):
-                why = f"every one of its {failed} search trial(s) failed (e.g. {rows['error'].iloc[-1]})"
-            else:
-                why = f"none of its {len(rows)} search trial(s) ran to its end with a finite {settings.metric} ({failed} failed)"
+            why = _why_nothing_selected(search_rows(results, key), settings.metric)
             summary.failed_cells.append((key, why))
             echo(f"FAILED search {key}: {why}; its final phase is not run")
             continue
@@ -238,6 +182,85 @@ def run_search_phase(
         overrides[key] = chosen
         echo(f"search phase: {key}: best {settings.metric} = {value:.4f} with {chosen}")
     return overrides
+
+
+def _search_cell(
+    grid: Grid, cell: dict[str, Any], results: ResultsDirectory, summary: Any, echo: Any, stamp: str, interrupt: Any
+) -> bool:
+    """Run the cell's search trials still to run (none once its trial count or its budget is spent, see
+    :func:`search_plan`) as one Tune experiment.  False when Ctrl-C cut it short (nothing is then selected)."""
+    settings = grid.search
+    key = cell_key(cell)
+    rows = search_rows(results, key)
+    remaining, finished, budget = search_plan(rows, settings)
+    if remaining == 0 or budget.exhausted():
+        return True
+    spent = budget.spent_before
+    plan = [] if remaining is None else [f"{remaining} trial(s)"]
+    if budget.active:
+        plan.append(f"until its {budget.describe()} is spent ({spent[0]:.1f} CPU-s, {spent[1]:.1f} GPU-s used)")
+    echo(
+        f"search phase: {key}: {' or '.join(plan)} ({finished} already finished), {settings.algorithm}"
+        f"{', asha' if settings.scheduler == 'asha' else ''}, metric {settings.metric}"
+    )
+    space = {name: DISTRIBUTIONS[d["type"]](d) for name, d in cell["method"].search_space.items()}
+    stopper = run_trials(
+        [],
+        grid,
+        results,
+        f"search-{key.replace('/', '-')}-{stamp}",
+        summary,
+        echo,
+        interrupt,
+        tune_config=_tune_config(grid, cell["method"].search_space, rows, remaining),
+        param_space={"spec": pack(grid.spec_for(cell, grid.seeds[0], "search", {})), "hp": space},
+        budget=budget if budget.active else None,
+        total=remaining,
+    )
+    if stopper.reason == "interrupt" or (interrupt is not None and interrupt.is_set()):
+        return False
+    if stopper.reason == "budget":
+        rows = search_rows(results, key)
+        summary.budget_stopped.append(key)
+        echo(
+            f"search phase: {key}: its {budget.describe()} is spent after {len(rows)} trial(s) "
+            f"({rows['reserved_cpu_s'].sum():.1f} CPU-s, {rows['reserved_gpu_s'].sum():.1f} GPU-s reserved)"
+        )
+    return True
+
+
+def _tune_config(
+    grid: Grid, search_space: dict[str, Any], rows: pd.DataFrame, remaining: int | None
+) -> tune.TuneConfig:
+    """A cell's search experiment: ``remaining`` trials (-1: until the budget stops it), its searcher told
+    about the cell's recorded trials ``rows``, and the grid's scheduler and concurrency."""
+    settings = grid.search
+    concurrency = settings.max_concurrent or grid.max_concurrent_trials
+    return tune.TuneConfig(
+        metric=settings.metric,
+        mode=settings.mode,
+        num_samples=-1 if remaining is None else remaining,
+        search_alg=_search_algorithm(
+            settings,
+            seed=grid.seeds[0] + len(rows),  # a new stream once trials are recorded: no configuration redrawn
+            history=searcher_history(rows, search_space, settings.metric) if not rows.empty else [],
+            max_concurrent=concurrency,
+        ),
+        scheduler=_scheduler(settings),
+        # Tune applies max_concurrent_trials to a Searcher (TPE) only; random search takes its own
+        max_concurrent_trials=concurrency if settings.algorithm == "tpe" else None,
+        reuse_actors=True,
+    )
+
+
+def _why_nothing_selected(rows: pd.DataFrame, metric: str) -> str:
+    """Why a cell's recorded search trials ``rows`` leave no configuration to select."""
+    failed = int((rows["status"] == "failed").sum()) if not rows.empty else 0
+    if rows.empty:
+        return "no search trial was recorded"
+    if failed == len(rows):
+        return f"every one of its {failed} search trial(s) failed (e.g. {rows['error'].iloc[-1]})"
+    return f"none of its {len(rows)} search trial(s) ran to its end with a finite {metric} ({failed} failed)"
 
 
 def _search_algorithm(settings: Any, seed: int, history: list | None = None, max_concurrent: int | None = None) -> Any:
