@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ursa_ray.methods._training import SGD_HYPERPARAMETERS, train_sgd
-from ursa_ray.methods.base import Hyperparameter, Predictor, Problem, StorageCount, n_parameters
+from ursa_ray.methods.base import Hyperparameter, Method, Predictor, Problem, StorageCount, n_parameters
 
 
 class TemperatureScaled(nn.Module):
@@ -46,8 +46,9 @@ def fit_temperature(logits: Tensor, labels: Tensor) -> float:
     return float(log_t.detach().exp())
 
 
-class TemperatureSGD:
-    """The method protocol of ursa_ray.methods.base.Method, exactly as the built-in ``sgd`` follows it."""
+class TemperatureSGD(Method):
+    """A subclass of ursa_ray.methods.base.Method, as the built-in ``sgd`` is: its defaults for everything but
+    the stream and its storage (no constraints, every task, one sample, no batched stream)."""
 
     name = "temperature_sgd"
     description = "SGD, then the logits divided by a temperature fitted on held-out data (Guo et al. 2017)"
@@ -61,7 +62,6 @@ class TemperatureSGD:
             high=0.5,
         ),
     )
-    constraints = ()  # no rule between its hyperparameters beyond their own ranges
 
     @staticmethod
     def posterior_storage(sample: nn.Module, config: Mapping[str, Any], n_samples: int) -> StorageCount:
