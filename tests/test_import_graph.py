@@ -143,3 +143,73 @@ def test_the_checker_sees_a_cycle_made_by_an_import_inside_a_function(tmp_path):
     lazy = tmp_path / "lazy.py"
     lazy.write_text("def __getattr__(name):\n    from ursa_ray import api\n    return getattr(api, name)\n")
     assert imported("ursa_ray.lazy", lazy, set(graph)) == set()
+
+
+# The layers, lowest first (issue 28): a module imports only from its own layer or those below it.  A name is
+# a module or package under ``ursa_ray``; a module belongs to the longest name that contains it.  ``ursa_ray``
+# itself is the package __init__, whose lazy ``__getattr__`` is left out (see the module docstring).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("eval_sets", "results"),  # evaluation-set names, the results tables (what analysis/ may read)
+    # the building blocks and their registries (the plug-in cycle above lies within this layer); no Ray
+    ("registry", "plugins", "search_space", "data", "models", "methods", "evaluation", "regression", "reference"),
+    ("prepare", "evaluation.probes"),  # a trial's data, streams and evaluation sets; the probes scoring them
+    ("trial",),  # one trial: prepare, sample, probes, rows
+    ("grid",),  # a grid file -> checked specs
+    ("lease", "guard", "tune"),  # Ray and the results directory's owner
+    ("api", "cli"),  # entry points
+)
+# Only these may import Ray: a method, model, dataset or evaluation knows nothing of it.
+RAY_LAYERS = {"tune"}
+
+
+def layer_of(module: str) -> int | None:
+    inner = module.removeprefix("ursa_ray.")
+    placed = [
+        (len(name), rank)
+        for rank, names in enumerate(LAYERS)
+        for name in names
+        if inner == name or inner.startswith(name + ".")
+    ]
+    return max(placed)[1] if placed else None
+
+
+def test_every_module_of_ursa_ray_has_a_layer():
+    unplaced = sorted(name for name in import_graph() if name != "ursa_ray" and layer_of(name) is None)
+    assert not unplaced, f"place these in LAYERS: {unplaced}"
+
+
+def test_no_module_imports_from_a_layer_above_it():
+    upward = [
+        f"{name} (layer {layer_of(name)}) imports {target} (layer {layer_of(target)})"
+        for name, edges in sorted(import_graph().items())
+        for target in sorted(edges)
+        if name != "ursa_ray" and target != "ursa_ray" and layer_of(target) > layer_of(name)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_only_the_tune_layer_imports_ray():
+    offenders = []
+    for name, path in modules().items():
+        top = name.split(".")[1] if "." in name else None
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            if top not in RAY_LAYERS and any(n == "ray" or n.startswith("ray.") for n in names):
+                offenders.append(name)
+    assert not offenders, f"modules outside {sorted(RAY_LAYERS)} import Ray: {sorted(set(offenders))}"
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    """The checker itself can fail: a method importing the trial runner is an upward edge."""
+    graph = import_graph()
+    fake = tmp_path / "sgd.py"
+    fake.write_text("def f():\n    from ursa_ray.trial import run_trial\n    return run_trial\n")
+    edges = imported("ursa_ray.methods.sgd", fake, set(graph))
+    assert any(layer_of(t) > layer_of("ursa_ray.methods.sgd") for t in edges)
