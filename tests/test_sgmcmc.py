@@ -402,3 +402,33 @@ def test_divergence_raises_floating_point_error(name):
         overrides |= {"epochs": 200, "burn_in_epochs": 100, "n_samples": 1}
     with pytest.raises(FloatingPointError):
         draw(name, problem, **overrides)
+
+
+@pytest.mark.parametrize("name", ["sgld", "sghmc", "csgld", "csghmc"])
+def test_a_lone_chain_draws_what_one_batched_copy_draws(name):
+    """The lone chain (:class:`~ursa_ray.methods.sgmcmc.LangevinChain`, the network's own forward) and a
+    C = 1 batched state (:class:`~ursa_ray.methods.sgmcmc.LangevinCopies`) share one update and one loop and
+    key their noise and mini-batch order from the problem's generator alike, so on the same problem they
+    draw the same samples (on this CPU bit-identical; the tolerance, ~100 float32 ulps, is far below one
+    noise draw σ = √(2·lr/N) ≈ 0.01).  Fails when the two paths diverge: another noise key or mini-batch
+    stream, noise scale, step-size schedule or sample steps in either."""
+    problem, _, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=0)
+    method = get_method(name)
+    if name.startswith("c"):
+        plan = {"n_cycles": 2, "epochs_per_cycle": 3, "samples_per_cycle": 2, "exploration": 0.5}
+    else:
+        plan = {"epochs": 6, "burn_in_epochs": 2, "n_samples": 8}
+    config = resolve_config(
+        method, {"prior_std": PRIOR_STD, "lr": lr_for(0.05, cov), "batch_size": 64, "temperature": 1.0, **plan}
+    )
+    lone_stats: dict[str, float] = {}
+    lone = [flat_parameters(m).clone() for m in method.sample_posterior(problem, config, lone_stats)]
+    problem, _, _ = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=0)
+    batched_stats: dict[str, float] = {}
+    batched = [
+        flat_parameters(m).clone() for (m,) in method.sample_posterior_batched([problem], config, [batched_stats])
+    ]
+    assert lone_stats == batched_stats
+    assert len(lone) == len(batched) == lone_stats["n_samples"]
+    torch.testing.assert_close(torch.stack(lone), torch.stack(batched), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(lone[0], lone[-1])

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -297,35 +297,12 @@ class _SGMCMC:
         yield from self._chains(problems, config, stats, None)
 
     def _one_chain(self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]) -> Iterator[Predictor]:
-        total, lr_at, noisy_at, sample_steps = self.plan(problem.n_train, config)
+        """One chain on the problem's own generator, the network's own forward pass (:class:`LangevinChain`):
+        :func:`sample_chains` with C = 1."""
+        plan = self.plan(problem.n_train, config)
         chain = LangevinChain(problem.make_model(), problem, config, momentum=self.momentum)
-        model, flat = chain.model, chain.flat
-        n_train = problem.n_train
-        stats["n_samples"] = 0
-        stats["grad_evals"] = 0.0
-
-        step = 0
-        next_sample = 0
-        checked = 0  # step of the last finiteness check
-        epochs = total // _steps_per_epoch(n_train, config)
-        model.train()
-        for epoch in range(epochs):
-            for xb, yb in problem.minibatches(config["batch_size"]):
-                loss = chain.step(xb, yb, lr_at(step), noisy_at(step))
-                step += 1
-                if next_sample < len(sample_steps) and step == sample_steps[next_sample]:
-                    flat.check_finite(loss, f"at step {step} (epoch {epoch + 1})")
-                    checked = step
-                    next_sample += 1
-                    stats["n_samples"] = next_sample
-                    stats["grad_evals"] = float(step)
-                    model.eval()
-                    yield model
-                    model.train()
-            if step - checked >= 32 or epoch == epochs - 1:  # every epoch, unless epochs are tiny
-                flat.check_finite(loss, f"in epoch {epoch + 1}")
-                checked = step
-        stats["grad_evals"] = float(step)
+        for (model,) in sample_chains(chain, problem.minibatches, [problem], config, plan, [stats]):
+            yield model
 
     def _chains(
         self,
@@ -334,11 +311,11 @@ class _SGMCMC:
         stats: Sequence[dict[str, float]],
         first: torch.nn.Module | None,
     ) -> Iterator[list[Predictor]]:
-        """C = ``n_chains`` chains per problem as batched copies (:class:`LangevinCopies`).  One chain per
-        problem uses the problem's own generator (the single-chain stream, :meth:`_one_chain`); more use
-        :func:`~ursa_ray.methods.batched.copy_generators`."""
+        """C = ``n_chains`` chains per problem as batched copies (:class:`LangevinCopies`) through
+        :func:`sample_chains`.  One chain per problem uses the problem's own generator (the single-chain
+        stream, :meth:`_one_chain`); more use :func:`~ursa_ray.methods.batched.copy_generators`."""
         n_chains = config.get("n_chains", 1)
-        total, lr_at, noisy_at, sample_steps = self.plan(problems[0].n_train, config)
+        plan = self.plan(problems[0].n_train, config)
         owners = [k for k in range(len(problems)) for _ in range(n_chains)]
         generators = [
             g
@@ -348,38 +325,7 @@ class _SGMCMC:
         models = [first if (first is not None and c == 0) else problems[k].make_model() for c, k in enumerate(owners)]
         chains = LangevinCopies(models, generators, problems[0], config, momentum=self.momentum)
         data = CopyData.from_problems([problems[k] for k in owners], generators, [None] * len(owners))
-        traces = [ChainTrace(problem.x, n_chains) for problem in problems] if n_chains > 1 else []
-        for one in stats:
-            one["n_samples"] = 0
-            one["grad_evals"] = 0.0
-        step = next_sample = checked = 0
-        epochs = total // _steps_per_epoch(problems[0].n_train, config)
-        chains.stacked.train()
-        for epoch in range(epochs):
-            for xb, yb in data.minibatches(config["batch_size"]):
-                loss = chains.step(xb, yb, lr_at(step), noisy_at(step))
-                step += 1
-                if next_sample < len(sample_steps) and step == sample_steps[next_sample]:
-                    chains.check_finite(loss, f"at step {step} (epoch {epoch + 1})")
-                    checked = step
-                    next_sample += 1
-                    chains.stacked.train(False)
-                    for c in range(n_chains):
-                        item = [models[k * n_chains + c] for k in range(len(problems))]
-                        for trace, predictor in zip(traces, item):
-                            trace.record(c, predictor)
-                        for one in stats:
-                            one["n_samples"] = (next_sample - 1) * n_chains + c + 1
-                            one["grad_evals"] = float(step * n_chains)
-                        yield item
-                    chains.stacked.train()
-            if step - checked >= 32 or epoch == epochs - 1:
-                chains.check_finite(loss, f"in epoch {epoch + 1}")
-                checked = step
-        for one, trace in zip(stats, traces or [None] * len(stats)):
-            one["grad_evals"] = float(step * n_chains)
-            if trace is not None:
-                one.update(trace.summary())
+        yield from sample_chains(chains, data.minibatches, problems, config, plan, stats)
 
 
 def _once(model: torch.nn.Module, make_model: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
@@ -388,10 +334,139 @@ def _once(model: torch.nn.Module, make_model: Callable[[], torch.nn.Module]) -> 
     return lambda: built.pop() if built else make_model()
 
 
+Plan = tuple[int, Callable[[int], float], Callable[[int], bool], list[int]]
+"""(total steps, step → lr, step → noisy?, sorted 1-based steps after which a sample is taken):
+:meth:`_SGMCMC.plan`."""
+
+
+def sample_chains(
+    chains: LangevinChain | LangevinCopies,
+    minibatches: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
+    problems: Sequence[Problem],
+    config: Mapping[str, Any],
+    plan: Plan,
+    stats: Sequence[dict[str, float]],
+) -> Iterator[list[nn.Module]]:
+    """The one SG-MCMC loop, of a lone chain (:class:`LangevinChain`, C = 1) and of batched copies
+    (:class:`LangevinCopies`): whole epochs of ``minibatches(batch_size)``, step k at the plan's lr and noise.
+
+    ``chains.networks`` are C = len(networks) / len(problems) chains of each problem, problem k's chain c at
+    k·C + c.  At each of the plan's sampling steps it yields C items, chain 1's network of every problem,
+    then chain 2's, ... (live views of the chains, consumed before the next step), and sets each problem's
+    ``stats``: ``n_samples`` and ``grad_evals`` (mini-batch gradient evaluations of all its chains), with
+    C > 1 also R̂ and ESS at the end (:class:`~ursa_ray.methods.chains.ChainTrace`).  Finiteness is checked
+    before every sample and at the end of every epoch (of every few epochs when they are under 32 steps).
+    """
+    total, lr_at, noisy_at, sample_steps = plan
+    networks = chains.networks
+    n_chains = len(networks) // len(problems)
+    traces = [ChainTrace(problem.x, n_chains) for problem in problems] if n_chains > 1 else []
+    for one in stats:
+        one["n_samples"] = 0
+        one["grad_evals"] = 0.0
+    step = next_sample = checked = 0
+    epochs = total // _steps_per_epoch(problems[0].n_train, config)
+    chains.train(True)
+    for epoch in range(epochs):
+        for xb, yb in minibatches(config["batch_size"]):
+            loss = chains.step(xb, yb, lr_at(step), noisy_at(step))
+            step += 1
+            if next_sample < len(sample_steps) and step == sample_steps[next_sample]:
+                chains.check_finite(loss, f"at step {step} (epoch {epoch + 1})")
+                checked = step
+                next_sample += 1
+                chains.train(False)
+                for c in range(n_chains):
+                    item = [networks[k * n_chains + c] for k in range(len(problems))]
+                    for trace, predictor in zip(traces, item):
+                        trace.record(c, predictor)
+                    for one in stats:
+                        one["n_samples"] = (next_sample - 1) * n_chains + c + 1
+                        one["grad_evals"] = float(step * n_chains)
+                    yield item
+                chains.train(True)
+        if step - checked >= 32 or epoch == epochs - 1:  # every epoch, unless epochs are tiny
+            chains.check_finite(loss, f"in epoch {epoch + 1}")
+            checked = step
+    for one, trace in zip(stats, traces or [None] * len(stats)):
+        one["grad_evals"] = float(step * n_chains)
+        if trace is not None:
+            one.update(trace.summary())
+
+
+@dataclasses.dataclass
+class LangevinState:
+    """C SG-MCMC chains: positions θ (C, P), SGHMC's velocities v (C, P) (None for SGLD), chain c's noise
+    stream ``noise[c]``, and the steps taken."""
+
+    theta: Tensor
+    velocity: Tensor | None
+    noise: list[GaussianNoise]
+    steps: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LangevinUpdate:
+    """The SGLD (``friction`` None) or SGHMC update of the module docstring on a (C, P) state, written once
+    for a lone chain (C = 1) and batched copies: :meth:`init` and :meth:`update`, the shape of a sampler in
+    normal-computing/posteriors (``init(params)``, ``update(state, batch)``), with the gradient of the
+    mini-batch's mean loss passed in (each caller has its own forward pass) and the step size with it (the
+    schedule is the plan's).
+
+    ``decay`` = 1 / (N·prior_std²): the prior's gradient θ/σ² times η = lr/N, per unit lr."""
+
+    n_train: int
+    decay: float
+    temperature: float
+    friction: float | None
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], n_train: int, *, momentum: bool) -> LangevinUpdate:
+        """From ``prior_std``, ``temperature`` and, for SGHMC (``momentum``), ``alpha``."""
+        friction = config["alpha"] if momentum else None
+        return cls(n_train, 1.0 / (n_train * config["prior_std"] ** 2), config["temperature"], friction)
+
+    def init(self, theta: Tensor, generators: Sequence[torch.Generator]) -> LangevinState:
+        """The state at positions ``theta`` (C, P; updated in place from here on), velocities 0; chain c's
+        noise key is drawn from ``generators[c]`` once, here (:class:`GaussianNoise`)."""
+        noise = [GaussianNoise(theta[c], generator) for c, generator in enumerate(generators)]
+        velocity = None if self.friction is None else torch.zeros_like(theta)
+        return LangevinState(theta, velocity, noise)
+
+    def update(self, state: LangevinState, grad: Tensor, lr: float, noisy: bool = True) -> LangevinState:
+        """One step of every chain at per-example step size ``lr`` (η = lr / N) from ``grad`` (C, P), the
+        gradient of the mini-batch's mean negative log-likelihood (the prior's share is added here), with the
+        Langevin noise when ``noisy``.  In place on ``state.theta`` and ``state.velocity`` (posteriors'
+        ``inplace=True``: the networks are views of θ); returns ``state``."""
+        theta, velocity = state.theta, state.velocity
+        friction = 1.0 if self.friction is None else self.friction
+        sigma = langevin_noise_std(lr / self.n_train, self.temperature, friction) if noisy else 0.0
+        decay = lr * self.decay
+        with torch.no_grad():
+            if velocity is None:
+                # θ ← θ − η∇Ũ + √(2ηT)ξ with η = lr/N (the prior's share of ∇Ũ as the shrink)
+                if sigma > 0.0:
+                    for c, noise in enumerate(state.noise):
+                        noise.add_to_(theta[c], sigma, shrink=1.0 - decay, grad=grad[c], lr=lr)
+                else:
+                    theta.mul_(1.0 - decay).add_(grad, alpha=-lr)
+            else:
+                # v ← (1−α)v − η∇Ũ + √(2αηT)ξ ;  θ ← θ + v
+                keep = 1.0 - self.friction
+                for c, noise in enumerate(state.noise):
+                    if sigma > 0.0:
+                        noise.momentum_step_(theta[c], velocity[c], grad[c], sigma, keep, lr, decay)
+                    else:
+                        momentum_step_(theta[c], velocity[c], grad[c], keep, lr, decay)
+        state.steps += 1
+        return state
+
+
 class LangevinChain:
-    """The state of one SGLD chain (``momentum`` False) or SGHMC chain on ``model``'s parameters, and its
-    update (module docstring); used by the samplers above and as the teacher of posterior distillation
-    (:mod:`ursa_ray.methods.distillation`).
+    """One SGLD chain (``momentum`` False) or SGHMC chain on ``model``'s parameters: :class:`LangevinUpdate`
+    on the (1, P) state of the network's flat parameters (:class:`FlatModel`), the gradient from the
+    network's own forward pass.  The lone chain of :func:`sample_chains` and the teacher of posterior
+    distillation (:mod:`ursa_ray.methods.distillation`).
 
     ``config`` supplies ``prior_std``, ``temperature`` and, for SGHMC, ``alpha``.  The noise key is drawn
     from ``problem.generator`` once, here.  ``model`` must be in training mode while it steps.  The forward
@@ -401,52 +476,43 @@ class LangevinChain:
 
     def __init__(self, model: torch.nn.Module, problem: Problem, config: Mapping[str, Any], *, momentum: bool):
         self.model = model
+        self.networks = [model]
         self.flat = FlatModel(model)
-        self.noise = GaussianNoise(self.flat.theta, problem.generator)
-        self.velocity = torch.zeros_like(self.flat.theta) if momentum else None
-        self.alpha = config["alpha"] if momentum else 1.0
-        self.n_train = problem.n_train
-        self.decay = 1.0 / (self.n_train * config["prior_std"] ** 2)  # prior gradient θ/σ² times η = lr/N, per unit lr
-        self.temperature = config["temperature"]
+        self.rule = LangevinUpdate.from_config(config, problem.n_train, momentum=momentum)
+        self.state = self.rule.init(self.flat.theta.view(1, -1), [problem.generator])
         self.nll = problem.likelihood.nll
         self.device, self.precision = problem.device, problem.training_precision
-        self.steps = 0
+
+    @property
+    def steps(self) -> int:
+        return self.state.steps
 
     def step(self, xb: Tensor, yb: Tensor, lr: float, noisy: bool = True) -> Tensor:
         """One update on the mini-batch (``xb``, ``yb``) at per-example step size ``lr`` (η = lr / N), with the
         Langevin noise when ``noisy``; returns the mini-batch's mean loss (detached)."""
-        theta, grad, velocity = self.flat.theta, self.flat.grad, self.velocity
-        sigma = langevin_noise_std(lr / self.n_train, self.temperature, self.alpha) if noisy else 0.0
         with torch.enable_grad():
             with autocast_body(self.device, self.precision):
                 loss = self.nll(self.model(xb).float(), yb)
             self.flat.zero_grad()
             loss.backward()
-        if self.steps == 0:
+        if self.state.steps == 0:
             self.flat.check_grad_views()
-        with torch.no_grad():
-            if velocity is None:
-                # θ ← θ − η∇Ũ + √(2ηT)ξ with η = lr/N (the prior's share of ∇Ũ as the shrink)
-                if sigma > 0.0:
-                    self.noise.add_to_(theta, sigma, shrink=1.0 - lr * self.decay, grad=grad, lr=lr)
-                else:
-                    theta.mul_(1.0 - lr * self.decay).add_(grad, alpha=-lr)
-            else:
-                # v ← (1−α)v − η∇Ũ + √(2αηT)ξ ;  θ ← θ + v
-                keep, decay = 1.0 - self.alpha, lr * self.decay
-                if sigma > 0.0:
-                    self.noise.momentum_step_(theta, velocity, grad, sigma, keep, lr, decay)
-                else:
-                    momentum_step_(theta, velocity, grad, keep, lr, decay)
-        self.steps += 1
+        self.rule.update(self.state, self.flat.grad.view(1, -1), lr, noisy)
         return loss.detach()
+
+    def train(self, mode: bool = True) -> None:
+        self.model.train(mode)
+
+    def check_finite(self, loss: Tensor, where: str) -> None:
+        """Raise FloatingPointError when the loss or any parameter is NaN or infinite."""
+        self.flat.check_finite(loss, where)
 
 
 class LangevinCopies:
-    """:class:`LangevinChain` for C copies trained as one batched computation
+    """:class:`LangevinUpdate` on C copies trained as one batched computation
     (:class:`~ursa_ray.methods.batched.StackedNetworks`): one forward and backward pass of all copies, then
-    each copy's update on its own row of θ with its own noise stream (:class:`GaussianNoise` keyed from the
-    copy's generator, before its first mini-batch, as a single chain keys it).  The forward pass runs in
+    each copy's update on its own row of θ with its own noise stream (keyed from the copy's generator,
+    before its first mini-batch, as :class:`LangevinChain` keys a lone chain).  The forward pass runs in
     ``problem.training_precision``, as :class:`LangevinChain`'s."""
 
     def __init__(
@@ -459,42 +525,25 @@ class LangevinCopies:
         momentum: bool,
     ):
         self.stacked = StackedNetworks(models)
-        theta = self.stacked.theta
-        self.noise = [GaussianNoise(theta[c], g) for c, g in enumerate(generators)]
-        self.velocity = torch.zeros_like(theta) if momentum else None
-        self.alpha = config["alpha"] if momentum else 1.0
-        self.n_train = problem.n_train
-        self.decay = 1.0 / (self.n_train * config["prior_std"] ** 2)
-        self.temperature = config["temperature"]
+        self.networks = self.stacked.models
+        self.rule = LangevinUpdate.from_config(config, problem.n_train, momentum=momentum)
+        self.state = self.rule.init(self.stacked.theta, generators)
         self.nll = batched_nll(problem.likelihood)
         self.device, self.precision = problem.device, problem.training_precision
 
     def step(self, xb: Tensor, yb: Tensor, lr: float, noisy: bool = True) -> Tensor:
         """One update of every copy on its own mini-batch (``xb`` (C, B, ...), ``yb`` (C, B)); returns the
         copies' mean losses (C,), detached."""
-        stacked = self.stacked
-        sigma = langevin_noise_std(lr / self.n_train, self.temperature, self.alpha) if noisy else 0.0
-        stacked.zero_grad()
+        self.stacked.zero_grad()
         with torch.enable_grad():
             with autocast_body(self.device, self.precision):
-                losses = self.nll(stacked(xb).float(), yb)
+                losses = self.nll(self.stacked(xb).float(), yb)
             losses.sum().backward()
-        theta, grad, velocity = stacked.theta, stacked.theta.grad, self.velocity
-        with torch.no_grad():
-            if velocity is None:
-                if sigma > 0.0:
-                    for c, noise in enumerate(self.noise):
-                        noise.add_to_(theta[c], sigma, shrink=1.0 - lr * self.decay, grad=grad[c], lr=lr)
-                else:
-                    theta.mul_(1.0 - lr * self.decay).add_(grad, alpha=-lr)
-            else:
-                keep, decay = 1.0 - self.alpha, lr * self.decay
-                for c, noise in enumerate(self.noise):
-                    if sigma > 0.0:
-                        noise.momentum_step_(theta[c], velocity[c], grad[c], sigma, keep, lr, decay)
-                    else:
-                        momentum_step_(theta[c], velocity[c], grad[c], keep, lr, decay)
+        self.rule.update(self.state, self.stacked.theta.grad, lr, noisy)
         return losses.detach()
+
+    def train(self, mode: bool = True) -> None:
+        self.stacked.train(mode)
 
     def check_finite(self, losses: Tensor, where: str) -> None:
         """Raise FloatingPointError when a copy's loss or any parameter is NaN or infinite."""
