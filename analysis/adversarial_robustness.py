@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.composites import decision_task_datasets, final_metrics  # noqa: E402
+from ursa_ray.eval_sets import parse  # noqa: E402
 
 METRICS = ("accuracy", "attack_success_rate", "adv_auroc_mi")
 
@@ -30,19 +31,16 @@ def adversarial_table(
     ``t`` or ``bootstrap``)."""
     final = final_metrics(metrics, trials)
     final = final[
-        final["eval_set"].str.startswith(("adv:", "transfer:"))
-        & ~final["eval_set"].str.endswith(":clean")
-        & ~final["dataset"].isin(decision_task_datasets(trials))
+        final["eval_kind"].isin(("adversarial", "transfer")) & ~final["dataset"].isin(decision_task_datasets(trials))
     ]
+    attacks = {name: parse(name).attack for name in final["eval_set"].unique()}  # None: the clean examples
+    final = final[final["eval_set"].map(attacks).notna()]
     if final.empty:
         return pd.DataFrame()
     epsilon = final[final["metric"] == "epsilon"].set_index(["trial_id", "eval_set"])["value"]
     final = final[final["metric"].isin(METRICS)].join(epsilon.rename("epsilon"), on=["trial_id", "eval_set"])
-    kind, attack = (
-        final["eval_set"].str.split(":").str[0],
-        final["eval_set"].str.split(":").str[1].str.split("_eps").str[0],
-    )
-    final = final.assign(attack=attack.where(kind == "adv", "transfer-" + attack))
+    attack = final["eval_set"].map(attacks)
+    final = final.assign(attack=attack.where(final["eval_kind"] == "adversarial", "transfer-" + attack))
     keys = ["method", "attack", "epsilon", "metric"]
     if alpha is not None:
         from analysis.intervals import grouped_intervals, interval_pivot

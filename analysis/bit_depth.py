@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analysis.composites import decision_task_datasets, final_metrics, is_ood_set
+from analysis.composites import decision_task_datasets, final_metrics
+from ursa_ray.eval_sets import kinds_by_name, parse
 
 COLUMNS = {"accuracy": "accuracy", "nll": "nll", "ood_auroc_mi": "ood_auroc"}
 
@@ -25,13 +26,18 @@ def bit_depth_table(
     averaged within each trial)."""
     final = final_metrics(metrics, trials)
     final = final[~final["dataset"].isin(decision_task_datasets(trials)) & final["metric"].isin(COLUMNS)]
-    split = final["eval_set"].str.partition("@")
-    final = final.assign(base_set=split[0], scheme=split[2].replace("", "float32"))
+    final = final[final["eval_kind"].isin(("in_domain", "ood", "bit_depth"))]
+    parsed = {name: parse(name) for name in final["eval_set"].unique()}
+    final = final.assign(
+        base_set=final["eval_set"].map(lambda s: parsed[s].base),
+        scheme=final["eval_set"].map(lambda s: parsed[s].scheme or "float32"),
+    )
     if (final["scheme"] == "float32").all():
         return pd.DataFrame()
+    base_kind = final["base_set"].map(kinds_by_name(final["base_set"].unique()))
     final = final[
-        ((final["base_set"] == "test") & (final["metric"] != "ood_auroc_mi"))
-        | (final["base_set"].map(is_ood_set) & (final["metric"] == "ood_auroc_mi"))
+        ((base_kind == "in_domain") & (final["metric"] != "ood_auroc_mi"))
+        | ((base_kind == "ood") & (final["metric"] == "ood_auroc_mi"))
     ]
     if alpha is not None:
         from analysis.intervals import grouped_intervals, interval_pivot

@@ -39,6 +39,10 @@ averages those cell means with equal weight:
 - ``flops_per_prediction``: FLOPs of one prediction, all test-time samples (lower), in-domain cells;
 - ``storage_bytes``: bytes of the stored posterior at 32 bits per weight (lower), in-domain cells.
 
+Each composite selects its rows by evaluation-set kind (the ``eval_kind`` column, :mod:`ursa_ray.eval_sets`:
+``in_domain`` for ``test``, ``ood`` for a dataset's OOD sets, ``corruption``, ``adversarial``, ``cost``),
+never by testing names: a set of a new kind enters no composite until a composite names its kind.
+
 Rank summary.  Each metric counts once within its principle, however many evaluation sets it has: a
 metric's value in a cell is first averaged over its sets in that cell (the OOD sets for ``ood_auroc``, the
 ``corrupt:TYPE:SEVERITY`` sets for the corruption metrics, as the mean corruption error does), and the
@@ -70,23 +74,25 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-COMPOSITES = {
+from ursa_ray.eval_sets import EvalKind, kinds_by_name, parse
+
+COMPOSITES: dict[str, tuple[EvalKind, str, bool]] = {
     # name: (eval-set kind, metric, higher is better)
-    "accuracy": ("test", "accuracy", True),
-    "nll": ("test", "nll", False),
-    "misclass_auroc": ("test", "misclass_auroc_entropy", True),
-    "eaurc": ("test", "eaurc_maxprob", False),
-    "nll_calibrated": ("test", "nll_calibrated", False),
+    "accuracy": ("in_domain", "accuracy", True),
+    "nll": ("in_domain", "nll", False),
+    "misclass_auroc": ("in_domain", "misclass_auroc_entropy", True),
+    "eaurc": ("in_domain", "eaurc_maxprob", False),
+    "nll_calibrated": ("in_domain", "nll_calibrated", False),
     "ood_auroc": ("ood", "ood_auroc_mi", True),
     "ood_fpr95": ("ood", "ood_fpr95_mi", False),
     "ood_auroc_entropy": ("ood", "ood_auroc_entropy", True),
-    "decision_cost": ("test", "decision_cost", False),
+    "decision_cost": ("in_domain", "decision_cost", False),
     "s_per_sample": ("cost", "s_per_sample", False),
-    "adv_accuracy": ("adv_reference", "accuracy", True),
-    "corrupt_accuracy": ("corrupt", "accuracy", True),
-    "corrupt_ece": ("corrupt", "ece", False),
-    "corrupt_accuracy_s3": ("corrupt:3", "accuracy", True),
-    "corrupt_ece_s3": ("corrupt:3", "ece", False),
+    "adv_accuracy": ("adversarial", "accuracy", True),  # at the reference ε only (REFERENCE_FLAGGED)
+    "corrupt_accuracy": ("corruption", "accuracy", True),
+    "corrupt_ece": ("corruption", "ece", False),
+    "corrupt_accuracy_s3": ("corruption", "accuracy", True),  # at severity 3 only (AT_SEVERITY)
+    "corrupt_ece_s3": ("corruption", "ece", False),
     "flops_per_prediction": ("cost", "flops_per_prediction", False),
     "storage_bytes": ("cost", "storage_bytes_32", False),
 }
@@ -99,29 +105,30 @@ PRINCIPLES = {
     "robustness": ("adv_accuracy", "corrupt_accuracy", "corrupt_ece"),
     "test_time": ("flops_per_prediction", "storage_bytes"),
 }
-NOT_OOD_SETS = ("test", "validation", "cost")
+REFERENCE_FLAGGED = {"adv_accuracy"}
+"""Composites of the one white-box set whose ``reference`` metric is 1 (PGD at the family's reference ε)."""
+AT_SEVERITY = {"corrupt_accuracy_s3": 3, "corrupt_ece_s3": 3}
+"""Composites of the corruption sets at one severity."""
 CELL_KEYS = ["model", "dataset", "eval_set"]
 
 
-def is_ood_set(eval_set: str) -> bool:
-    """An OOD set at full precision: not the test, validation or cost set, not a ``SET@SCHEME`` copy (the same
-    set evaluated at a lower bit depth), not a ``corrupt:TYPE:SEVERITY`` set (the test set corrupted) and not
-    an ``adv:SET`` or ``transfer:SET`` set (adversarial examples: white box, and crafted on SGD), nor a
-    ``fidelity:SET`` set (a method's fidelity to its cell's reference posterior)."""
-    return (
-        eval_set not in NOT_OOD_SETS
-        and "@" not in eval_set
-        and not eval_set.startswith(("corrupt:", "adv:", "transfer:", "fidelity:"))
-    )
+def with_eval_kinds(metrics: pd.DataFrame) -> pd.DataFrame:
+    """``metrics`` with an ``eval_kind`` in every row: read from results it has one (written with the row, or
+    derived when read: :meth:`ursa_ray.results.ResultsDirectory.read`); a frame built otherwise gets
+    :func:`ursa_ray.eval_sets.eval_kind` of each ``eval_set`` (which refuses a name outside the grammar)."""
+    if "eval_kind" in metrics and metrics["eval_kind"].notna().all():
+        return metrics
+    return metrics.assign(eval_kind=metrics["eval_set"].map(kinds_by_name(metrics["eval_set"].unique())))
 
 
 def final_metrics(metrics: pd.DataFrame, trials: pd.DataFrame, task: str | None = "classification") -> pd.DataFrame:
-    """Metric rows of final-phase trials that finished ok (of one task, unless ``task`` is None)."""
+    """Metric rows of final-phase trials that finished ok (of one task, unless ``task`` is None), each with its
+    ``eval_kind`` (:func:`with_eval_kinds`)."""
     keep = (trials["phase"] == "final") & (trials["status"] == "ok")
     if task is not None:
         keep &= trials["task"] == task
     ok = trials.loc[keep, "trial_id"]
-    return metrics[metrics["trial_id"].isin(ok) & (metrics["phase"] == "final")]
+    return with_eval_kinds(metrics[metrics["trial_id"].isin(ok) & (metrics["phase"] == "final")])
 
 
 def decision_task_datasets(trials: pd.DataFrame) -> set[str]:
@@ -139,20 +146,16 @@ def composite_rows(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     decision = final["dataset"].isin(decision_task_datasets(trials))
     frames = []
     for name, (kind, metric, _) in COMPOSITES.items():
-        rows = final[(final["metric"] == metric) & (decision if name == "decision_cost" else ~decision)]
-        if kind == "test":
-            rows = rows[rows["eval_set"] == "test"]
-        elif kind == "ood":
-            rows = rows[rows["eval_set"].map(is_ood_set)]
-        elif kind == "adv_reference":  # the PGD set at the dataset family's reference ε, flagged by the trial
+        rows = final[
+            (final["metric"] == metric)
+            & (final["eval_kind"] == kind)
+            & (decision if name == "decision_cost" else ~decision)
+        ]
+        if name in REFERENCE_FLAGGED:  # the PGD set at the dataset family's reference ε, flagged by the trial
             flagged = final.loc[(final["metric"] == "reference") & (final["value"] == 1.0), ["trial_id", "eval_set"]]
             rows = rows.merge(flagged, on=["trial_id", "eval_set"])
-        elif kind == "corrupt":
-            rows = rows[rows["eval_set"].str.startswith("corrupt:")]
-        elif kind == "corrupt:3":
-            rows = rows[rows["eval_set"].str.startswith("corrupt:") & rows["eval_set"].str.endswith(":3")]
-        else:
-            rows = rows[rows["eval_set"] == kind]
+        if name in AT_SEVERITY:
+            rows = rows[rows["eval_set"].map(lambda s: parse(s).severity) == AT_SEVERITY[name]]
         if not rows.empty:
             frames.append(rows.assign(composite=name))
     if not frames:
@@ -256,19 +259,19 @@ def composite_coverage(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFr
         these = cells[cells["composite"] == name][CELL_KEYS].drop_duplicates().sort_values(CELL_KEYS)
         if these.empty:
             continue
-        if COMPOSITES[name][0].startswith("corrupt"):
+        kind = COMPOSITES[name][0]
+        if kind == "corruption":
             text = []
             for (model, dataset), sets in these.groupby(["model", "dataset"])["eval_set"]:
-                parts = sets.str.split(":")
-                types, severities = sorted(set(parts.str[1])), sorted(set(parts.str[2]), key=int)
+                parsed = [parse(s) for s in sets]
+                types, severities = {p.corruption for p in parsed}, sorted({p.severity for p in parsed})
                 text.append(
                     f"{model}/{dataset} × {len(sets)} corruption sets ({len(types)} types, severities "
-                    f"{', '.join(severities)})"
+                    f"{', '.join(map(str, severities))})"
                 )
         else:
             text = [
-                f"{r.model}/{r.dataset}" + (f" vs {r.eval_set}" if is_ood_set(r.eval_set) else "")
-                for r in these.itertuples()
+                f"{r.model}/{r.dataset}" + (f" vs {r.eval_set}" if kind == "ood" else "") for r in these.itertuples()
             ]
         rows.append({"composite": name, "n": len(these), "cells": ", ".join(text)})
     return pd.DataFrame(rows, columns=["composite", "n", "cells"])

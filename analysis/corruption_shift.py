@@ -21,6 +21,7 @@ import pandas as pd  # noqa: E402
 
 from analysis.composites import decision_task_datasets, final_metrics  # noqa: E402
 from analysis.intervals import grouped_intervals, interval_text  # noqa: E402
+from ursa_ray.eval_sets import parse  # noqa: E402
 from ursa_ray.evaluation.corruptions import severity_summary  # noqa: E402
 
 METRICS = ("accuracy", "ece")
@@ -31,14 +32,17 @@ def corruption_rows(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame
     ``corruption`` and ``severity`` columns (empty when there are none)."""
     final = final_metrics(metrics, trials)
     final = final[
-        final["eval_set"].str.startswith("corrupt:")
+        (final["eval_kind"] == "corruption")
         & final["metric"].isin(METRICS)
         & ~final["dataset"].isin(decision_task_datasets(trials))
     ]
     if final.empty:
         return pd.DataFrame()
-    parts = final["eval_set"].str.split(":")
-    return final.assign(corruption=parts.str[1], severity=parts.str[2].astype(int))
+    parsed = {name: parse(name) for name in final["eval_set"].unique()}
+    return final.assign(
+        corruption=final["eval_set"].map(lambda s: parsed[s].corruption),
+        severity=final["eval_set"].map(lambda s: parsed[s].severity).astype(int),
+    )
 
 
 def corruption_values(rows: pd.DataFrame) -> pd.DataFrame:

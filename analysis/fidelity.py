@@ -13,20 +13,20 @@ import pandas as pd
 
 from analysis.composites import final_metrics
 from analysis.tables import markdown_table
+from ursa_ray.eval_sets import TEST, fidelity
 
 
 def fidelity_frame(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """Rows (model, dataset, method) with the mean over seeds of every ``fidelity:test`` metric, and
     ``tv_ood``: the mean of ``total_variation`` over the ``fidelity:`` OOD sets."""
     rows = final_metrics(metrics, trials, task=None)
-    rows = rows[rows["eval_set"].str.startswith("fidelity:")]
+    rows = rows[rows["eval_kind"] == "fidelity"]
     if rows.empty:
         return pd.DataFrame()
     keys = ["model", "dataset", "method"]
-    test = rows[rows["eval_set"] == "fidelity:test"].pivot_table(
-        index=keys, columns="metric", values="value", aggfunc="mean"
-    )
-    ood = rows[(rows["eval_set"] != "fidelity:test") & (rows["metric"] == "total_variation")]
+    on_test = rows["eval_set"] == fidelity(TEST)
+    test = rows[on_test].pivot_table(index=keys, columns="metric", values="value", aggfunc="mean")
+    ood = rows[~on_test & (rows["metric"] == "total_variation")]
     if not ood.empty:
         test["tv_ood"] = ood.groupby(keys)["value"].mean()
     return test

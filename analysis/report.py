@@ -15,7 +15,7 @@ import pandas as pd
 from analysis.adversarial_robustness import adversarial_table, plot_accuracy_against_epsilon
 from analysis.bit_depth import bit_depth_table
 from analysis.calibration_figures import calibration_section
-from analysis.composites import COMPOSITES, better_direction, composite_coverage, is_ood_set, per_cell_table
+from analysis.composites import COMPOSITES, better_direction, composite_coverage, per_cell_table, with_eval_kinds
 from analysis.corruption_shift import corruption_rows, corruption_table, corruption_values, plot_corruption_shift
 from analysis.fidelity import fidelity_markdown
 from analysis.intervals import interval_text
@@ -154,7 +154,8 @@ def _write_report(
             table = per_cell_table(metrics, trials, metric, "test", alpha=alpha, interval=interval)
             if not table.empty:
                 sections += ["", f"### {title}", "", markdown_table(table)]
-        ood_sets = sorted(s for s in set(metrics["eval_set"]) if is_ood_set(s))
+        kinds = with_eval_kinds(metrics)
+        ood_sets = sorted(set(kinds.loc[kinds["eval_kind"] == "ood", "eval_set"]))
         for ood in ood_sets:
             for metric in ("ood_auroc_mi", "ood_auroc_entropy"):
                 table = per_cell_table(metrics, trials, metric, ood, alpha=alpha, interval=interval)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.composites import PRINCIPLES, composite_coverage, composite_scores
+from analysis.composites import COMPOSITES, PRINCIPLES, composite_coverage, composite_scores, with_eval_kinds
+from ursa_ray.eval_sets import KINDS, UnknownEvalSet
 
 # (method, dataset, seed, eval_set, metric): value
 VALUES = {}
@@ -310,3 +311,22 @@ def test_readme_composite_table_lists_each_principles_composites():
     rows = re.findall(r"^\| (\w+) \| (.*?) \| [^|]+ \|$", section, flags=re.MULTILINE)
     listed = {principle: tuple(re.findall(r"`(\w+)`", names)) for principle, names in rows if principle in PRINCIPLES}
     assert listed == PRINCIPLES
+
+
+def test_a_set_of_a_new_kind_enters_no_ood_composite():
+    """Composites select sets by kind.  A set of a kind no composite names (here ``calibration``, as a new probe
+    would write it) leaves every composite unchanged; the old rule (``is_ood_set``: any name without a known
+    prefix or ``@`` is OOD) put ``calibration:test`` into ood_auroc and ood_fpr95 and reversed their order.
+    Without a recorded kind such a name is refused, never taken for an OOD set."""
+    metrics, trials = _tables()
+    metrics = with_eval_kinds(metrics)
+    new = metrics[metrics["eval_kind"] == "ood"].assign(eval_set="calibration:test", eval_kind="calibration")
+    new = new.assign(value=new["method"].map({"a": 0.0, "b": 1.0}))
+    with_new = pd.concat([metrics, new], ignore_index=True)
+    pd.testing.assert_frame_equal(composite_scores(with_new, trials), composite_scores(metrics, trials))
+    with pytest.raises(UnknownEvalSet, match="calibration:test"):
+        composite_scores(with_new.drop(columns="eval_kind"), trials)
+
+
+def test_every_composite_names_a_kind_of_evaluation_set():
+    assert {kind for kind, _, _ in COMPOSITES.values()} <= set(KINDS)
