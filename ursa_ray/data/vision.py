@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from ursa_ray.data._decision import cost_matrix, imbalance
-from ursa_ray.data.base import Dataset, DatasetMissing, DatasetSpec
+from ursa_ray.data.base import AttackBudget, Dataset, DatasetMissing, DatasetSpec
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -88,6 +88,13 @@ _SOURCES = {
 }
 
 _classes: dict[tuple[str, bool], type] = {}
+
+MNIST_ATTACK_BUDGET = AttackBudget(epsilons=(0.05, 0.1, 0.2, 0.3), reference=0.1)
+"""The standard MNIST range (Madry et al. 2018 train and test at 0.3); the robustness composite at 0.1."""
+CIFAR_ATTACK_BUDGET = AttackBudget(epsilons=(2 / 255, 4 / 255, 8 / 255, 16 / 255), reference=8 / 255)
+"""The standard CIFAR range in 8-bit pixel levels; the robustness composite at Madry et al.'s budget 8/255."""
+ATTACK_BUDGETS = {"mnist": MNIST_ATTACK_BUDGET, "cifar": CIFAR_ATTACK_BUDGET}
+"""By source kind: the MNIST-like and CIFAR sets' ε."""
 
 
 def _torchvision_class(source: _Source) -> type:
@@ -392,6 +399,7 @@ DATASETS = tuple(
         ood_sets=c.ood_sets,
         check=partial(_check, c),
         decision_task=c.fraction is not None,
+        attack_budget=ATTACK_BUDGETS[_SOURCES[c.source].kind],
     )
     for c in _CONFIGS
 )
