@@ -500,20 +500,21 @@ def _evaluate(ds: data.base.Dataset, pred: Any, targets: Tensor, eval_set: str) 
 
 
 def _points(spec: Mapping[str, Any], ds: data.base.Dataset, pred: RegressionPredictive) -> list[dict[str, Any]]:
-    """Per-test-point rows for the method and for the exact anchor model (method "blr")."""
-    from ursa_ray.regression.points import anchor_points, points_frame
+    """Per-test-point rows for the method and for the exact anchor model (method "blr"), built column-wise
+    without DataFrames (:func:`~ursa_ray.regression.points.points_rows`; docs/vectorised.md)."""
+    from ursa_ray.regression.anchor import anchor_for_dataset
+    from ursa_ray.regression.points import ANCHOR_METHOD, ANCHOR_MODEL, points_rows
 
     complexity = float(spec["complexity"]) if spec["complexity"] is not None else math.nan
     where = {"complexity": complexity, "repetition": int(spec["seed"])}
-    frames = [
-        points_frame(
-            ds, pred.mean, pred.std, method=spec["label"], model=spec["model"], trial_id=spec["trial_id"], **where
-        )
-    ]
+    rows = points_rows(
+        ds, pred.mean, pred.std, method=spec["label"], model=spec["model"], trial_id=spec["trial_id"], **where
+    )
     if ds.feature_map is not None:
         anchor_id = f"blr-{spec['dataset']}-c{complexity:g}-s{spec['seed']}"
-        frames.append(anchor_points(ds, trial_id=anchor_id, **where))
-    return pd.concat(frames, ignore_index=True).to_dict("records")
+        mean, std = anchor_for_dataset(ds)
+        rows += points_rows(ds, mean, std, method=ANCHOR_METHOD, model=ANCHOR_MODEL, trial_id=anchor_id, **where)
+    return rows
 
 
 def compute_reference(
