@@ -13,6 +13,10 @@ rotated every repeat).  Printed: the ratio of best times and the median of the p
 * 8 SGLD chains on the digits MLP (``n_chains: 8`` against 8 single chains).  Target ≥ 3×.
 * Seeds of one digits cell (``--seeds swag,swa,pca_ess,laplace,bdk,gped``): 8 seeds through a method's batched
   stream against its stream run once per seed, at the quickstart's settings.  No target.
+* A batched trial end to end (``--end-to-end``): 50 E.1 seeds of Bernoulli dropout (grids/regression.yaml's
+  ``bd`` entry at complexity 2, 150 epochs) as one batched trial (``run_trials_batched``) against 50
+  ``run_trial`` calls: whole-trial CPU time (setup, training, evaluation of every posterior sample, metrics,
+  points rows), and each side split into those phases.  Target ≥ 5× (issue 26, item 13b).
 * The regression grid end to end (``--grid SLICE_DIR``): the results of one complete slice of
   grids/regression.yaml (every method, E.1 at complexity 2, 50 repetitions batched, run by ``ursa-ray run``)
   give each method's batched CPU seconds per seed; the same trials run alone here give the unbatched
@@ -20,6 +24,7 @@ rotated every repeat).  Printed: the ratio of best times and the median of the p
 
     python benchmarks/bench_vectorised.py [--quick]
     python benchmarks/bench_vectorised.py --skip-ratios --seeds swag,swa,pca_ess,laplace,bdk,gped
+    python benchmarks/bench_vectorised.py --skip-ratios --end-to-end             # ~4 CPU-minutes
     ursa-ray run grids/regression_e1_slice.yaml --out results/e1_slice    # ~40 min on 2 cores
     python benchmarks/bench_vectorised.py --grid results/e1_slice --skip-ratios
 """
@@ -35,7 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_samplers import interleaved, ratio_line  # noqa: E402 - per-thread CPU time, rotated order
+from bench_samplers import clock, interleaved, ratio_line  # noqa: E402 - per-thread CPU time, rotated order
 
 from ursa_ray.data.synthetic_regression import make_dataset  # noqa: E402
 from ursa_ray.methods import get_method  # noqa: E402
@@ -190,6 +195,42 @@ def seeds_comparison(seeds: int, repeats: int, names: list[str]) -> None:
         print(ratio_line(f"{name}: {seeds} seeds alone ÷ batched", times["alone"], times["batched"], "none"))
 
 
+def end_to_end_comparison(seeds: int, epochs: int, repeats: int) -> None:
+    """``seeds`` E.1 seeds of the regression grid's ``bd`` (MC dropout, complexity 2, ``epochs`` epochs,
+    50 samples a seed) as one batched trial against one lone trial per seed: whole-trial CPU time, and each
+    side's phases summed over its seeds (setup, training, evaluation: the trials' own ``setup_s``,
+    ``train_s``, ``eval_s``, timed here in thread CPU time; the rest: metrics, points rows, the cost
+    metrics).  Writing the rows (the Tune trainable's, per seed) is not included."""
+    from unittest import mock
+
+    from ursa_ray.grid import load_grid
+    from ursa_ray.trial import run_trial, run_trials_batched
+
+    every = load_grid(str(Path(__file__).parent.parent / "grids" / "regression.yaml")).trial_specs()
+    cell = [s for s in every if s["label"] == "bd" and s["dataset"] == "e1" and s["complexity"] == 2.0]
+    specs = [{**s, "config": {**s["config"], "epochs": epochs}} for s in cell[:seeds]]
+    records: dict[str, list[dict]] = {}
+
+    def alone() -> None:
+        records["alone"] = [run_trial(spec).record for spec in specs]
+
+    def batched() -> None:
+        records["batched"] = [outcome.record for outcome in run_trials_batched(specs)]
+
+    run_trial(specs[0])  # first-call costs (imports, the data generator) out of the comparison
+    with mock.patch("time.perf_counter", clock):  # the trials' phase timers in thread CPU seconds
+        times = interleaved({"alone": alone, "batched": batched}, repeats)
+    print(f"a batched trial end to end: E.1 bd, {len(specs)} seeds × {epochs} epochs, 50 samples a seed:")
+    print(ratio_line(f"{len(specs)} lone trials ÷ one batched trial", times["alone"], times["batched"], "≥ 5"))
+    for name, rows in records.items():
+        phases = {k: sum(r[k] for r in rows) for k in ("setup_s", "train_s", "eval_s")}
+        rest = times[name][-1] - sum(phases.values())
+        print(
+            f"  {name:8s} last repeat {times[name][-1]:7.2f} CPU-s: setup {phases['setup_s']:.2f}, "
+            f"training {phases['train_s']:.2f}, evaluation {phases['eval_s']:.2f}, rest {rest:.2f}"
+        )
+
+
 def grid_projection(slice_dir: str, alone_seeds: int) -> None:
     """The regression grid's CPU-hours alone and batched, from measured full-length per-trial costs.
 
@@ -256,6 +297,12 @@ def main() -> None:
         help="also compare 8 batched seeds against 8 alone for "
         f"these methods (comma-separated, of {','.join(QUICKSTART_SETTINGS)})",
     )
+    parser.add_argument(
+        "--end-to-end",
+        action="store_true",
+        help="also compare 50 E.1 bd seeds as one batched trial against 50 lone trials, whole trials "
+        "(--quick: 8 seeds × 20 epochs)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)  # as the trials run (ursa_ray/tune/trainable.py)
@@ -266,6 +313,8 @@ def main() -> None:
         chains_comparison(8, 4 if args.quick else 20, repeats)
     if args.seeds:
         seeds_comparison(8, repeats, args.seeds.split(","))
+    if args.end_to_end:
+        end_to_end_comparison(8 if args.quick else 50, 20 if args.quick else 150, 1 if args.quick else 2)
     if args.grid:
         grid_projection(args.grid, args.alone_seeds)
 
