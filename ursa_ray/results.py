@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,74 @@ def with_eval_kind(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = list(rows)
     kinds = kinds_by_name(row["eval_set"] for row in rows)
     return [row if row.get("eval_kind") else {**row, "eval_kind": kinds[row["eval_set"]]} for row in rows]
+
+
+def metric_key(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns of a metrics.parquet row (:data:`METRIC_SCHEMA`) that name its trial, from the trial's spec
+    (``method`` is the method's label); a row adds its evaluation set, metric and value."""
+    return {
+        "trial_id": spec["trial_id"],
+        "method": spec["label"],
+        "model": spec["model"],
+        "dataset": spec["dataset"],
+        "seed": int(spec["seed"]),
+        "phase": spec["phase"],
+    }
+
+
+def trial_row(
+    spec: Mapping[str, Any],
+    status: str,
+    record: Mapping[str, Any],
+    *,
+    seeds_in_trial: int,
+    started_at: float,
+    finished_at: float,
+    request: Mapping[str, float],
+    node_ip: str | None,
+    selection: Mapping[str, float],
+) -> dict[str, Any]:
+    """One trials.parquet row (:data:`TRIAL_SCHEMA`), built by the driver when the trial is recorded.
+
+    ``record``: what the trial's worker measured (``cpu_s``, ``train_s``, ``device``, ``node``, method
+    statistics; only ``error`` and ``cpu_s`` for a trial that failed).  The spec gives the trial's identity and
+    configuration.  The driver's own measures: a Tune trial that ran ``seeds_in_trial`` seeds (one batched
+    computation) from ``started_at`` to ``finished_at`` gives each seed an even share of its wall seconds,
+    ``wall_s = (finished_at - started_at) / seeds_in_trial``; its reserved CPU- and GPU-seconds are the Tune
+    trial's ``request`` ({"CPU": n, "GPU": m}) times that share, and ``gpu_s`` is the reserved GPU-seconds.
+    ``node_ip``: the Tune trial's node, for a record that names none.  ``selection``: the validation metrics
+    the trial last reported (what a search selects on)."""
+    wall = (finished_at - started_at) / seeds_in_trial
+    n_cpus, n_gpus = request.get("CPU", 0.0), request.get("GPU", 0.0)
+    return {
+        **record,
+        "trial_id": spec["trial_id"],
+        "phase": spec["phase"],
+        "cell": spec["cell"],
+        "method": spec["label"],
+        "method_name": spec["method"],
+        "model": spec["model"],
+        "dataset": spec["dataset"],
+        "task": spec["task"],
+        "decision_task": spec["decision_task"],
+        "complexity": math.nan if spec["complexity"] is None else float(spec["complexity"]),
+        "seed": spec["seed"],
+        "status": status,
+        "error": record.get("error", "") or "",
+        "config": json.dumps(spec["config"], sort_keys=True),
+        "wall_s": wall,
+        "gpu_s": n_gpus * wall,
+        "reserved_cpu_s": n_cpus * wall,
+        "reserved_gpu_s": n_gpus * wall,
+        "n_cpus": n_cpus,
+        "n_gpus": n_gpus,
+        "gpu_ids": record.get("gpu_ids", "") or "",
+        "seeds_in_trial": seeds_in_trial,
+        "node": record.get("node") or (node_ip or ""),
+        "selection": json.dumps(dict(selection), sort_keys=True),
+        "started_at": started_at,
+        "finished_at": finished_at,
+    }
 
 
 class NotAResultsDirectory(FileNotFoundError):

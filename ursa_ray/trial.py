@@ -47,7 +47,7 @@ from ursa_ray.methods import batched
 from ursa_ray.methods._training import autocast_dtype, default_precision
 from ursa_ray.methods.base import Categorical, Gaussian, Problem
 from ursa_ray.prepare import corrupted_sets, pick_device, trial_seeds, validation_split
-from ursa_ray.results import Location
+from ursa_ray.results import Location, metric_key
 
 
 @dataclass
@@ -274,7 +274,7 @@ class TrialRun:
 
     def finish(self) -> TrialOutcome:
         """The trial's metrics and rows from what :meth:`observe` accumulated (``train_s`` set by the driver)."""
-        spec, ds, seed, seeds = self.spec, self.ds, self.seed, self.seeds
+        spec, ds, seeds = self.spec, self.ds, self.seeds
         eval_sets, accumulators, schemes = self.eval_sets, self.accumulators, self.schemes
         attacked, transfer, stats = self.attacked, self.transfer, self.stats
         n_samples = next(iter(accumulators.values())).n_samples
@@ -327,14 +327,7 @@ class TrialRun:
             # the last sample stands for the structure of every one: FLOPs of a forward pass, storage of the posterior
             **cost_metrics_at_test_time(self.method, self.last_predictor, spec["config"], n_samples, ds.input_shape),
         }
-        base = {
-            "trial_id": spec["trial_id"],
-            "method": spec["label"],
-            "model": spec["model"],
-            "dataset": spec["dataset"],
-            "seed": seed,
-            "phase": spec["phase"],
-        }
+        base = metric_key(spec)
         outcome.metrics = [
             {**base, "eval_set": eval_set, "metric": metric, "value": float(value)}
             for eval_set, table in values.items()
@@ -457,10 +450,7 @@ def run_reference_trial(spec: Mapping[str, Any], device: torch.device | None = N
         for name, floor in ref.noise_floor.items()
     }
     values["cost"] = {**ref.cost, "computed": float(computed)}
-    base = {k: spec[k] for k in ("trial_id", "model", "dataset", "phase")} | {
-        "method": spec["label"],
-        "seed": int(spec["seed"]),
-    }
+    base = metric_key(spec)
     outcome = TrialOutcome(record={})
     outcome.metrics = [
         {**base, "eval_set": eval_set, "metric": metric, "value": float(value)}

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 from ray import cloudpickle, tune
 
-from ursa_ray.results import ResultsDirectory
+from ursa_ray.results import ResultsDirectory, metric_key, trial_row
 from ursa_ray.tune.interrupt import RunStopper
 from ursa_ray.tune.progress import Echo, Progress
 from ursa_ray.tune.trainable import config_specs, request
@@ -144,77 +144,73 @@ class ResultsCallback(tune.Callback):
         self.echo(f"retry {failures} {specs[0]['phase']:6s} {where}: {reason}")
 
     def _record(self, trial: Any, error: str | None, stopped_at: float | None = None, why: str = "") -> None:
-        """Write the rows of every seed ``trial`` ran (its wall and reserved seconds split evenly over them)."""
+        """Write the rows of every seed ``trial`` ran (its wall and reserved seconds split evenly over them,
+        :func:`~ursa_ray.results.trial_row`)."""
         if trial.trial_id in self.recorded:
             return
         specs = trial_specs(trial)
         finished = stopped_at or time.time()
         started = min(self.started.get(trial.trial_id, finished), finished)
-        wall = (finished - started) / len(specs)
         last = trial.last_result or {}
-        checkpoint = trial.checkpoint if error is None else None
-        if checkpoint is not None:
-            with checkpoint.as_directory() as folder:
-                outcomes = [self._read_outcome(Path(folder) / str(i), spec) for i, spec in enumerate(specs)]
-        else:
-            outcomes = [self._unfinished_outcome(spec, error, last, why) for spec in specs]
         selection = {k: float(v) for k, v in last.items() if k.startswith("val_") and isinstance(v, (int, float))}
         need = request(specs[0]["resources"])  # the trial's own request (all its seeds are one cell's)
-        n_cpus, n_gpus = need.get("CPU", 0.0), need.get("GPU", 0.0)
         rows = []
-        for spec, (status, record, metrics, points, predictions) in zip(specs, outcomes, strict=True):
-            row = {
-                **record,
-                "trial_id": spec["trial_id"],
-                "phase": spec["phase"],
-                "cell": spec["cell"],
-                "method": spec["label"],
-                "method_name": spec["method"],
-                "model": spec["model"],
-                "dataset": spec["dataset"],
-                "task": spec["task"],
-                "decision_task": spec["decision_task"],
-                "complexity": math.nan if spec["complexity"] is None else float(spec["complexity"]),
-                "seed": spec["seed"],
-                "status": status,
-                "error": record.get("error", "") or "",
-                "config": json.dumps(spec["config"], sort_keys=True),
-                "wall_s": wall,
-                "gpu_s": n_gpus * wall,
-                "reserved_cpu_s": n_cpus * wall,
-                "reserved_gpu_s": n_gpus * wall,
-                "n_cpus": n_cpus,
-                "n_gpus": n_gpus,
-                "gpu_ids": record.get("gpu_ids", "") or "",
-                "seeds_in_trial": len(specs),
-                "node": record.get("node") or (trial.node_ip or ""),
-                "selection": json.dumps(selection, sort_keys=True),
-                "started_at": started,
-                "finished_at": finished,
-            }
+        for spec, (status, record, metrics, points, predictions) in zip(
+            specs, self._outcomes(trial, specs, error, last, why), strict=True
+        ):
+            row = trial_row(
+                spec,
+                status,
+                record,
+                seeds_in_trial=len(specs),
+                started_at=started,
+                finished_at=finished,
+                request=need,
+                node_ip=trial.node_ip,
+                selection=selection,
+            )
             rows.append((spec, status, row, metrics, points, predictions))
+        self._write(trial, rows)
+        if specs[0]["phase"] == "final":
+            forget_metric_history(trial)
+        for spec, status, row, metrics, _, _ in rows:
+            self._count(spec, status, row, metrics)
+
+    def _outcomes(
+        self, trial: Any, specs: list[dict[str, Any]], error: str | None, last: dict[str, Any], why: str
+    ) -> list[tuple]:
+        """(status, record, metrics, points, predictions) of each seed: read from the trial's checkpoint, or
+        (failed, or stopped before its end) made from ``error`` and its ``last`` result."""
+        checkpoint = trial.checkpoint if error is None else None
+        if checkpoint is None:
+            return [self._unfinished_outcome(spec, error, last, why) for spec in specs]
+        with checkpoint.as_directory() as folder:
+            return [self._read_outcome(Path(folder) / str(i), spec) for i, spec in enumerate(specs)]
+
+    def _write(self, trial: Any, rows: list[tuple]) -> None:
+        """Add the seeds' rows to the results directory; a second Ctrl-C waits until they are written."""
         interrupt = self.stopper.interrupt if self.stopper is not None else None
         with interrupt.critical() if interrupt is not None else contextlib.nullcontext():
             for _, _, row, metrics, points, predictions in rows:
                 self.results.add(row, metrics, points, predictions)
             self.recorded.add(trial.trial_id)
             self.running.pop(trial.trial_id, None)
-        if specs[0]["phase"] == "final":
-            forget_metric_history(trial)
-        for spec, status, row, metrics, _, _ in rows:
-            cpu, gpu = self.reserved_recorded
-            self.reserved_recorded = (cpu + row["reserved_cpu_s"], gpu + row["reserved_gpu_s"])
-            self.done += 1
-            self.summary.recorded[spec["phase"]] = self.summary.recorded.get(spec["phase"], 0) + 1
-            if status == "ok":
-                self.summary.finished.append(spec["trial_id"])
-            elif status == "early_stopped":
-                self.summary.early_stopped.append(spec["trial_id"])
-            else:
-                self.summary.failed.append((spec["trial_id"], row["error"]))
-                if spec["phase"] == "search":
-                    self.summary.search_failed.append(spec["trial_id"])
-            self.progress.trial_recorded(status, _progress_line(self.done, self.total, spec, status, row, metrics))
+
+    def _count(self, spec: dict[str, Any], status: str, row: dict[str, Any], metrics: list) -> None:
+        """A recorded seed in the reserved seconds so far, the run's summary and the progress lines."""
+        cpu, gpu = self.reserved_recorded
+        self.reserved_recorded = (cpu + row["reserved_cpu_s"], gpu + row["reserved_gpu_s"])
+        self.done += 1
+        self.summary.recorded[spec["phase"]] = self.summary.recorded.get(spec["phase"], 0) + 1
+        if status == "ok":
+            self.summary.finished.append(spec["trial_id"])
+        elif status == "early_stopped":
+            self.summary.early_stopped.append(spec["trial_id"])
+        else:
+            self.summary.failed.append((spec["trial_id"], row["error"]))
+            if spec["phase"] == "search":
+                self.summary.search_failed.append(spec["trial_id"])
+        self.progress.trial_recorded(status, _progress_line(self.done, self.total, spec, status, row, metrics))
 
     def _read_outcome(self, folder: Path, spec: dict[str, Any]) -> tuple:
         """(status, record, metrics, points, predictions) of one seed from its checkpoint folder; a transfer
@@ -237,7 +233,7 @@ class ResultsCallback(tune.Callback):
             return "failed", {"error": error, "cpu_s": last.get("cpu_s", math.nan)}, [], [], {}
         record = {"cpu_s": last.get("cpu_s", math.nan), "train_s": last.get("train_s", math.nan), "error": why}
         metrics = [
-            {**_metric_base(spec), "eval_set": "validation", "metric": k[4:], "value": float(v)}
+            {**metric_key(spec), "eval_set": "validation", "metric": k[4:], "value": float(v)}
             for k, v in last.items()
             if k.startswith("val_") and isinstance(v, (int, float))
         ]
@@ -259,11 +255,6 @@ def trial_specs(trial: Any) -> list[dict[str, Any]]:
     """The ursa-ray specs a Tune trial runs: a search trial's one (its sampled hyperparameters and an id), or
     a final trial's seeds."""
     return config_specs(trial.config, trial.trial_id)
-
-
-def _metric_base(spec: dict[str, Any]) -> dict[str, Any]:
-    keys = ("trial_id", "model", "dataset", "seed", "phase")
-    return {**{k: spec[k] for k in keys}, "method": spec["label"]}
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

@@ -7,8 +7,9 @@ search phase it also reports the running validation metrics after each posterior
 ASHA scheduler can stop poor configurations early.
 
 A Tune trial of the final phase runs one or several seeds of one cell (several: one batched computation,
-with its CPU seconds split evenly over them and a ``seeds_in_trial`` column saying how many shared it);
-its checkpoint holds one folder per seed, ``0/``, ``1/``, ...
+with its CPU seconds split evenly over them: this process measures ``cpu_s``, the driver's row,
+:func:`ursa_ray.results.trial_row`, says how many shared it in ``seeds_in_trial``); its checkpoint holds one
+folder per seed, ``0/``, ``1/``, ...
 
 The first trial a worker process runs warms the process up first (:func:`ursa_ray.trial.warm_up_worker`)
 and records that time as ``worker_setup_s`` (0 on later trials of the same worker); the trial's own
@@ -113,7 +114,6 @@ def run_ursa_trial(param: dict[str, Any]) -> None:
                     "node": socket.gethostname(),
                     "node_id": ray.get_runtime_context().get_node_id(),
                     "worker_pid": os.getpid(),  # the worker process: its first trial alone carries worker_setup_s
-                    "seeds_in_trial": len(specs),
                     "gpu_ids": gpu_ids,
                 }
             )
