@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ursa_ray.evaluation.adversarial import ATTACK_BATCH, ModelAverage, PixelScale, pgd, pixel_scale
+from ursa_ray.data.vision import MNIST_MEAN, MNIST_STD
+from ursa_ray.evaluation.adversarial import ATTACK_BATCH, ModelAverage, PixelScale, pgd
 from ursa_ray.models.mlp import build_mlp
 
 K, M = 10, 20
@@ -103,12 +104,12 @@ def main() -> None:
     from ursa_ray.data.digits import load_digits_dataset
 
     digits = load_digits_dataset({}, (), Path("unused"), False, 0)
-    scale = pixel_scale("digits")
+    scale = PixelScale(digits.pixel_mean, digits.pixel_std)
     section("digits", scale.to_pixels(digits.test_x).clamp(0, 1), digits.test_y, scale, 4 if args.quick else 15)
     generator = torch.Generator().manual_seed(0)
     pixels = torch.rand(ATTACK_BATCH, 1, 28, 28, generator=generator)
     labels = torch.randint(0, 10, (ATTACK_BATCH,), generator=generator)
-    section("MNIST-sized", pixels, labels, pixel_scale("mnist"), 3 if args.quick else 8)
+    section("MNIST-sized", pixels, labels, PixelScale((MNIST_MEAN,), (MNIST_STD,)), 3 if args.quick else 8)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from ursa_ray.evaluation.adversarial import (
     kept_sample_indices,
     metrics_from_adversarial_tables,
     pgd,
-    pixel_scale,
+    reference_epsilon,
     validate_adversarial,
 )
 from ursa_ray.evaluation.predictive import ClassificationPredictive
@@ -224,7 +224,7 @@ def trained_digits() -> tuple[nn.Module, torch.Tensor, torch.Tensor, PixelScale]
             optimiser.zero_grad()
             nn.functional.cross_entropy(network(data.train_x[batch]), data.train_y[batch]).backward()
             optimiser.step()
-    return network.eval(), data.test_x[:150], data.test_y[:150], pixel_scale("digits")
+    return network.eval(), data.test_x[:150], data.test_y[:150], PixelScale(data.pixel_mean, data.pixel_std)
 
 
 def mlp_with_dropout(network: nn.Module) -> nn.Module:
@@ -342,7 +342,7 @@ def test_kept_sample_indices_take_every_chains_last_samples(chains_in_turn: bool
     assert kept_sample_indices(per_chain, 20, 1, chains_in_turn) == kept_sample_indices(per_chain, 20)
 
 
-def test_pixel_scale_matches_the_loaders() -> None:
+def test_the_digits_loader_declares_the_pixel_scale_of_its_images() -> None:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -351,12 +351,49 @@ def test_pixel_scale_matches_the_loaders() -> None:
     data = load_digits_dataset({}, (), Path("unused"), False, 0)
     digits = load_digits()
     raw_test = train_test_split(digits.images, digits.target, test_size=0.2, stratify=digits.target, random_state=0)[1]
-    pixels = pixel_scale("digits").to_pixels(data.test_x)
+    pixels = PixelScale(data.pixel_mean, data.pixel_std).to_pixels(data.test_x)
     np.testing.assert_allclose(pixels.squeeze(1).numpy(), raw_test / 16.0, atol=1e-6)
-    assert pixel_scale("kmnist") == PixelScale((0.1307,), (0.3081,))
-    assert pixel_scale("cifar100_imbalanced").std == (0.2023, 0.1994, 0.2010)
-    assert default_epsilons("fashion_mnist") == (0.05, 0.1, 0.2, 0.3)
-    assert default_epsilons("cifar10") == (2 / 255, 4 / 255, 8 / 255, 16 / 255)
+
+
+# The ε each built-in dataset declares, as the families hard-coded in evaluation/adversarial.py gave them
+MNIST_BUDGET = ((0.05, 0.1, 0.2, 0.3), 0.1)
+CIFAR_BUDGET = ((2 / 255, 4 / 255, 8 / 255, 16 / 255), 8 / 255)
+DECLARED_BUDGETS = {
+    "digits": ((1 / 32, 1 / 16, 1 / 8, 1 / 4), 1 / 16),
+    "digits_imbalanced": ((1 / 32, 1 / 16, 1 / 8, 1 / 4), 1 / 16),
+    **dict.fromkeys(
+        ("mnist", "mnist_imbalanced", "mnist_5k", "mnist_5k_imbalanced", "fashion_mnist", "kmnist"), MNIST_BUDGET
+    ),
+    **dict.fromkeys(("cifar10", "cifar10_imbalanced", "cifar100", "cifar100_imbalanced"), CIFAR_BUDGET),
+}
+
+
+def test_each_dataset_declares_its_attack_budget() -> None:
+    """Every built-in image dataset with ε defaults declares them (and no other does): a dataset that lost its
+    declaration, or a family mapped to the wrong ε, fails here."""
+    from ursa_ray import data
+
+    declared = {
+        name: (spec.attack_budget.epsilons, spec.attack_budget.reference)
+        for name, spec in data.registry().items()
+        if spec.attack_budget is not None
+    }
+    assert declared == DECLARED_BUDGETS
+    assert default_epsilons("fashion_mnist") == MNIST_BUDGET[0] and reference_epsilon("cifar10") == 8 / 255
+    assert math.isnan(reference_epsilon("e1"))  # declares none: no set is the robustness composite's
+    with pytest.raises(ValueError, match="no adversarial defaults for dataset 'e1'; known: cifar10, cifar100, "):
+        default_epsilons("e1")
+
+
+def test_a_plug_in_dataset_gets_the_epsilons_it_declares(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ursa_ray import data
+    from ursa_ray.data.base import AttackBudget, DatasetSpec
+
+    spec = DatasetSpec("tiles", "classification", "a plug-in", load=None, attack_budget=AttackBudget((0.2,), 0.05))
+    monkeypatch.setattr(data, "registry", lambda: {"tiles": spec})
+    assert validate_adversarial(None).epsilons_for("tiles") == (0.05, 0.2)
+    assert validate_adversarial({"epsilons": [0.3]}).epsilons_for("tiles") == (0.05, 0.3)  # the reference too
+    assert validate_adversarial({"epsilons": [0.3]}).epsilons_for("from_files") == (0.3,)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ursa_ray import data, methods, models, reference
+from ursa_ray.eval_sets import attack_set
 from ursa_ray.evaluation import (
     ClassificationPredictive,
     RegressionPredictive,
@@ -31,12 +32,10 @@ from ursa_ray.evaluation import (
     regression_metrics,
 )
 from ursa_ray.evaluation.adversarial import (
-    DATASET_FAMILIES,
-    REFERENCE_EPSILON,
     AdversarialPredictives,
     ModelAverage,
     examples_to_bytes,
-    set_name,
+    reference_epsilon,
 )
 from ursa_ray.evaluation.precision import evaluation_precision, keep_output_layer_float32
 from ursa_ray.evaluation.predictions import prediction_table
@@ -289,7 +288,7 @@ class TrialRun:
         if attacked is not None and attacked.n_kept > 0:
             tick = time.perf_counter()
             adversarial = _attack(spec, ds, attacked, eval_sets["test"], seeds["attack"])
-            reference = set_name("pgd", REFERENCE_EPSILON.get(DATASET_FAMILIES.get(spec["dataset"], ""), math.nan))
+            reference = attack_set("pgd", reference_epsilon(spec["dataset"]))
             for name, table in adversarial.metrics().items():  # `reference`: the robustness composite's set
                 values[f"adv:{name}"] = table | ({"reference": float(name == reference)} if name != "clean" else {})
             adversarial_tables = {f"adv:{name}": table for name, table in adversarial.tables().items()}

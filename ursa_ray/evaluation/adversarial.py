@@ -42,12 +42,14 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
+from ursa_ray import data
+from ursa_ray.data.base import AttackBudget
+from ursa_ray.eval_sets import ATTACKS, attack_set
 from ursa_ray.evaluation.metrics import ClassificationSummary, accuracy, ood_detection
 from ursa_ray.evaluation.predictions import SavedPredictive, prediction_table
 from ursa_ray.evaluation.predictive import ClassificationPredictive
 from ursa_ray.methods.base import memory_order, view_as_parameter
 
-ATTACKS = ("fgsm", "pgd")
 PGD_STEPS = 10
 """K, the number of PGD steps (each of size ε/4, so 8 steps cross the ball from any random start)."""
 ATTACK_SAMPLES = 20
@@ -59,45 +61,14 @@ ATTACK_BATCH = 512
 _HEADROOM = 20.0
 """Largest log-weight a gradient enters the running sum with before the sum is rescaled (e^20 ≈ 5e8)."""
 
-DEFAULT_EPSILONS: dict[str, tuple[float, ...]] = {
-    # The standard MNIST range (Madry et al. 2018 train and test at 0.3).
-    "mnist": (0.05, 0.1, 0.2, 0.3),
-    # The standard CIFAR range in 8-bit pixel levels (8/255 is Madry et al.'s budget).
-    "cifar": (2 / 255, 4 / 255, 8 / 255, 16 / 255),
-    # scikit-learn's digits count the set pixels of 4×4 blocks of a 32×32 bitmap: 17 levels, one level
-    # 1/16 of the [0, 1] range.  ε = ½, 1, 2 and 4 levels, up to a quarter of the range (near MNIST's
-    # 0.2–0.3).  Over it PGD takes the quickstart's SGD MLP 64-200-200-10 from 0.97 clean accuracy to
-    # 0.92, 0.80, 0.28 and 0.00: the whole curve, as the MNIST and CIFAR ranges give for undefended
-    # networks (docs/adversarial.md).
-    "digits": (1 / 32, 1 / 16, 1 / 8, 1 / 4),
-}
-REFERENCE_EPSILON = {"mnist": 0.1, "cifar": 8 / 255, "digits": 1 / 16}
-"""The ε of the robustness composite (accuracy under PGD): MNIST 0.1, CIFAR 8/255 (Madry et al.'s budget),
-digits one pixel level."""
-DATASET_FAMILIES = {
-    "digits": "digits",
-    "digits_imbalanced": "digits",
-    "mnist": "mnist",
-    "mnist_imbalanced": "mnist",
-    "mnist_5k": "mnist",
-    "mnist_5k_imbalanced": "mnist",
-    "fashion_mnist": "mnist",
-    "kmnist": "mnist",
-    "cifar10": "cifar",
-    "cifar10_imbalanced": "cifar",
-    "cifar100": "cifar",
-    "cifar100_imbalanced": "cifar",
-}
-
-
 # --------------------------------------------------------------------------------------------------
 # Settings
 
 
 @dataclass(frozen=True)
 class AdversarialSettings:
-    """The grid's ``adversarial`` block.  ``epsilons`` None means the dataset family's defaults
-    (:func:`default_epsilons`); the family's reference ε (:data:`REFERENCE_EPSILON`) is always crafted too.
+    """The grid's ``adversarial`` block.  ``epsilons`` None means the ε the dataset declares
+    (:func:`default_epsilons`); its reference ε (:func:`reference_epsilon`) is always crafted too.
     ``transfer``: also evaluate every method on the examples crafted on an SGD source network of the same
     (model, dataset, seed) that no method saw (a black-box transfer attack; needs an ``sgd`` entry in the
     grid, whose trial trains the source)."""
@@ -110,12 +81,13 @@ class AdversarialSettings:
     transfer: bool = True
 
     def epsilons_for(self, dataset: str) -> tuple[float, ...]:
-        """The grid's ε, else the family's defaults; with the family's reference ε (none for a dataset of no
-        known family, which must then be given ε)."""
-        if self.epsilons is not None and dataset not in DATASET_FAMILIES:
+        """The grid's ε, else the dataset's declared ones; with its reference ε (none for a dataset that
+        declares no :class:`~ursa_ray.data.base.AttackBudget`, which must then be given ε)."""
+        budget = attack_budget(dataset)
+        if self.epsilons is not None and budget is None:
             return self.epsilons
         chosen = self.epsilons if self.epsilons is not None else default_epsilons(dataset)
-        return tuple(sorted({*chosen, REFERENCE_EPSILON[dataset_family(dataset)]}))
+        return tuple(sorted({*chosen, budget.reference}))
 
 
 def _positive_int(field: str, value: object) -> int:
@@ -168,16 +140,27 @@ def validate_adversarial(settings: Mapping[str, object] | None) -> AdversarialSe
     return AdversarialSettings(**out)
 
 
-def dataset_family(dataset: str) -> str:
-    """``mnist``, ``cifar`` or ``digits``: whose ε defaults and pixel normalisation ``dataset`` uses."""
-    if dataset not in DATASET_FAMILIES:
-        raise ValueError(f"no adversarial defaults for dataset {dataset!r}; known: {', '.join(DATASET_FAMILIES)}")
-    return DATASET_FAMILIES[dataset]
+def attack_budget(dataset: str) -> AttackBudget | None:
+    """The ε a registered dataset declares (:attr:`ursa_ray.data.base.DatasetSpec.attack_budget`); None for
+    one that declares none or is not registered (a dataset read from files)."""
+    spec = data.registry().get(dataset)
+    return None if spec is None else spec.attack_budget
 
 
 def default_epsilons(dataset: str) -> tuple[float, ...]:
-    """The ε grid (pixel units) of ``dataset``'s family, :data:`DEFAULT_EPSILONS`."""
-    return DEFAULT_EPSILONS[dataset_family(dataset)]
+    """The ε grid (pixel units) ``dataset`` declares; ValueError naming the datasets that declare one."""
+    budget = attack_budget(dataset)
+    if budget is None:
+        known = [name for name, spec in data.registry().items() if spec.attack_budget is not None]
+        raise ValueError(f"no adversarial defaults for dataset {dataset!r}; known: {', '.join(known)}")
+    return budget.epsilons
+
+
+def reference_epsilon(dataset: str) -> float:
+    """The ε of the robustness composite ``dataset`` declares; NaN when it declares none (no set is then the
+    composite's)."""
+    budget = attack_budget(dataset)
+    return math.nan if budget is None else budget.reference
 
 
 # --------------------------------------------------------------------------------------------------
@@ -214,19 +197,6 @@ def _channel_constants(
     mean = torch.tensor(scale.mean, dtype=torch.float64).view(shape)
     std = torch.tensor(scale.std, dtype=torch.float64).view(shape)
     return tuple(t.to(dtype=dtype, device=device) for t in (mean, std, 1 / std, -mean / std))
-
-
-def pixel_scale(dataset: str) -> PixelScale:
-    """The normalisation constants ``dataset``'s loader uses (ursa_ray/data/vision.py, digits.py)."""
-    family = dataset_family(dataset)
-    if family == "digits":
-        from ursa_ray.data.digits import _split
-
-        x_train = _split()[0]  # the loader's own expressions: the same float32 mean and std
-        return PixelScale((float(x_train.mean()),), (float(x_train.std()),))
-    from ursa_ray.data.vision import CIFAR_MEAN, CIFAR_STD, MNIST_MEAN, MNIST_STD
-
-    return PixelScale((MNIST_MEAN,), (MNIST_STD,)) if family == "mnist" else PixelScale(CIFAR_MEAN, CIFAR_STD)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -560,11 +530,6 @@ def pgd(
     return out
 
 
-def set_name(attack: str, epsilon: float) -> str:
-    """The name of an adversarial set, e.g. ``pgd_eps0.1``."""
-    return f"{attack}_eps{epsilon:.6g}"
-
-
 @dataclass(frozen=True)
 class AdversarialSet:
     """One crafted set: its attack, its ε (pixel units) and its images."""
@@ -635,7 +600,7 @@ def craft(
             crafted = pgd(model, pixels, y, scale, epsilons, steps=steps, seed=seed)
         else:
             raise ValueError(f"unknown attack {attack!r}; allowed: {', '.join(ATTACKS)}")
-        sets.update({set_name(attack, eps): AdversarialSet(attack, eps, p) for eps, p in crafted.items()})
+        sets.update({attack_set(attack, eps): AdversarialSet(attack, eps, p) for eps, p in crafted.items()})
     return AdversarialExamples(pixels, y, scale, sets)
 
 
