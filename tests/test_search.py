@@ -14,7 +14,8 @@ from analysis.cost import cost_table
 from ursa_ray.cli import main
 from ursa_ray.data import digits
 from ursa_ray.grid import parse_grid
-from ursa_ray.trial import run_trial, validation_split
+from ursa_ray.prepare import validation_split
+from ursa_ray.trial import run_trial
 
 pytestmark = pytest.mark.slow  # starts Ray or runs whole grids: not in the fast tier (-m "not slow")
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+import ursa_ray.evaluation.adversarial
 import ursa_ray.methods.sgmcmc
+import ursa_ray.prepare
 import ursa_ray.trial
 from ursa_ray.grid import parse_grid
 from ursa_ray.prepare import RANDOM_STREAMS, trial_seeds
@@ -46,7 +48,7 @@ class _StreamProbe:
 
 def _draws(spec, monkeypatch) -> dict[str, np.ndarray]:
     probe = _StreamProbe()
-    monkeypatch.setattr(ursa_ray.trial.methods, "get_method", lambda name: probe)
+    monkeypatch.setattr(ursa_ray.prepare.methods, "get_method", lambda name: probe)
     run_trial(spec)
     return probe.draws
 
@@ -125,7 +127,7 @@ def test_transfer_source_trains_its_own_network_from_streams_no_method_uses(monk
     source = next(s for s in _specs(ROBUST) if s["seed"] == 0)
     assert source.get("transfer_source")
     probe = _RecordingProbe()
-    monkeypatch.setattr(ursa_ray.trial.methods, "get_method", lambda name: probe)
+    monkeypatch.setattr(ursa_ray.prepare.methods, "get_method", lambda name: probe)
     outcome = run_trial(source)
     assert len(probe.calls) == 2 and outcome.transfer_examples is not None
     source_draws, own_draws = probe.calls
@@ -134,7 +136,7 @@ def test_transfer_source_trains_its_own_network_from_streams_no_method_uses(monk
             assert abs(np.corrcoef(source_draws[stream], own_draws[other])[0, 1]) < 0.08, (stream, other)
 
     alone = _RecordingProbe()  # the same trial without the transfer attack draws what it drew with it
-    monkeypatch.setattr(ursa_ray.trial.methods, "get_method", lambda name: alone)
+    monkeypatch.setattr(ursa_ray.prepare.methods, "get_method", lambda name: alone)
     run_trial({**source, "transfer_source": False})
     assert len(alone.calls) == 1
     for stream in ("init", "data"):
@@ -169,7 +171,7 @@ def test_attack_draws_are_independent_of_the_corruption_draws(monkeypatch):
     old behaviour (the attack seeded from the corruption stream)."""
     grid = {**ROBUST, "methods": [{"name": "mc_dropout", "hyperparameters": {"lr": 0.05, "p": 0.3, "n_samples": 4}}]}
     spec = next(s for s in _specs(grid) if s["seed"] == 0)
-    real_seeds = ursa_ray.trial.trial_seeds
+    real_seeds = ursa_ray.prepare.trial_seeds
 
     def run_with(shifted: str | None) -> dict[tuple[str, str], float]:
         def seeds(seed: int) -> dict[str, int]:
@@ -178,7 +180,7 @@ def test_attack_draws_are_independent_of_the_corruption_draws(monkeypatch):
                 out[shifted] = real_seeds(seed + 1000)[shifted]
             return out
 
-        monkeypatch.setattr(ursa_ray.trial, "trial_seeds", seeds)
+        monkeypatch.setattr(ursa_ray.prepare, "trial_seeds", seeds)
         outcome = run_trial(spec)
         return {(m["eval_set"], m["metric"]): m["value"] for m in outcome.metrics if m["eval_set"] != "cost"}
 
@@ -219,14 +221,14 @@ def test_kept_samples_come_from_every_chain_and_from_the_end_of_sampling(method,
         monkeypatch.setattr(ursa_ray.methods.sgmcmc, "can_batch", lambda model, problem: False)
         monkeypatch.setattr(ursa_ray.trial.batched, "can_batch", lambda model, problem: False)
     seen: list[tuple[torch.nn.Module, bool]] = []
-    observe = ursa_ray.trial.ModelAverage.observe
+    observe = ursa_ray.evaluation.adversarial.ModelAverage.observe
 
     def recording_observe(self, sample):
         kept = observe(self, sample)
         seen.append((sample, kept))
         return kept
 
-    monkeypatch.setattr(ursa_ray.trial.ModelAverage, "observe", recording_observe)
+    monkeypatch.setattr(ursa_ray.evaluation.adversarial.ModelAverage, "observe", recording_observe)
     outcome = run_trial(spec)
     assert len(seen) == 20 and outcome.record["n_samples"] == 20
     chains: dict[int, list[bool]] = {}

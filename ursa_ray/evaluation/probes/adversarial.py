@@ -4,13 +4,16 @@ attack's examples crafted by the cell's transfer source (docs/adversarial.md).""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import pandas as pd
 import torch
 from torch import Tensor
 
 from ursa_ray import data
+from ursa_ray.eval_sets import attack_set
 from ursa_ray.evaluation.adversarial import (
     AdversarialExamples,
     AdversarialPredictives,
@@ -19,7 +22,10 @@ from ursa_ray.evaluation.adversarial import (
     PixelScale,
     craft,
     examples_from_bytes,
+    examples_to_bytes,
+    reference_epsilon,
 )
+from ursa_ray.evaluation.probes.base import Probe, ProbeContext, predict, predict_expected_entropy
 from ursa_ray.methods.base import Problem
 from ursa_ray.results import Location
 
@@ -90,3 +96,94 @@ def load_transfer_attack(
         return None
     examples = examples_from_bytes(saved.read_bytes(), PixelScale(ds.pixel_mean, ds.pixel_std), device)
     return AdversarialPredictives(examples, ds.n_outputs)
+
+
+class WhiteBoxProbe(Probe):
+    """``adv:SET``: keeps the attacker's samples as they stream (:class:`ModelAverage`), attacks their model
+    average once at the end (:func:`_attack`) and scores the crafted sets under it; ``reference`` marks
+    the robustness composite's set (PGD at the dataset family's reference ε)."""
+
+    clock = "attack_s"
+
+    def __init__(self, context: ProbeContext, attacked: ModelAverage) -> None:
+        super().__init__()
+        self.trial, self.attacked = context.trial, attacked
+        self.scored: AdversarialPredictives | None = None
+
+    def observe(self, predictor: Any) -> None:
+        self.attacked.observe(predictor)  # copying a kept sample is part of the attack's cost
+
+    def compute(self) -> dict[str, dict[str, float]]:
+        if self.attacked.n_kept == 0:
+            return {}
+        tick = time.perf_counter()
+        spec, trial = self.trial.spec, self.trial
+        self.scored = _attack(spec, trial.ds, self.attacked, trial.eval_sets["test"], trial.seeds["attack"])
+        reference = attack_set("pgd", reference_epsilon(spec["dataset"]))
+        values = {
+            f"adv:{name}": table | ({"reference": float(name == reference)} if name != "clean" else {})
+            for name, table in self.scored.metrics().items()
+        }
+        self.seconds += time.perf_counter() - tick
+        return values
+
+    def rows(self) -> dict[str, pd.DataFrame]:
+        return {} if self.scored is None else {f"adv:{n}": t for n, t in self.scored.tables().items()}
+
+
+class TransferProbe(Probe):
+    """``transfer:SET``: examples crafted by the cell's transfer source (:func:`train_transfer_source` when
+    this trial is the source, else read by :func:`load_transfer_attack`) scored under this trial's posterior
+    predictive, reported when the white-box attack is (``attacked`` kept samples).  ``source``: the trial
+    whose examples they are; ``crafted``: the source's own examples, for the other trials."""
+
+    clock = "attack_s"
+
+    def __init__(
+        self, context: ProbeContext, scored: AdversarialPredictives, attacked: ModelAverage, crafted: bytes | None
+    ) -> None:
+        super().__init__()
+        self.precision, self.scored, self.attacked, self.crafted = context.trial.precision, scored, attacked, crafted
+        spec = context.trial.spec
+        self.source = spec["trial_id"] if spec.get("transfer_source") else spec["transfer_from"]
+
+    def observe(self, predictor: Any) -> None:
+        self.scored.update(
+            lambda x: predict(predictor, x, self.precision),
+            lambda x: predict_expected_entropy(predictor, x, self.precision),
+        )
+
+    def compute(self) -> dict[str, dict[str, float]]:
+        return {} if self.attacked.n_kept == 0 else {f"transfer:{n}": t for n, t in self.scored.metrics().items()}
+
+    def rows(self) -> dict[str, pd.DataFrame]:
+        return {} if self.attacked.n_kept == 0 else {f"transfer:{n}": t for n, t in self.scored.tables().items()}
+
+
+def probes(context: ProbeContext) -> list[Probe]:
+    """The white-box probe and, where there are examples to score, the transfer probe, in trials whose
+    cells are attacked (:attr:`~ursa_ray.prepare.PreparedTrial.robustness`); none elsewhere."""
+    trial = context.trial
+    if not trial.robustness:
+        return []
+    per_chain, n_chains, in_turn = context.sample_plan()
+    attacked = ModelAverage(
+        per_chain,
+        trial.spec["adversarial"]["attack_samples"],
+        n_chains=n_chains,
+        chains_in_turn=in_turn,
+        seed=trial.seeds["attack"],
+    )
+    white_box = WhiteBoxProbe(context, attacked)
+    transfer, crafted = load_transfer_attack(trial.spec, trial.ds, trial.device), None
+    tick = time.perf_counter()
+    if trial.spec.get("transfer_source"):  # its transfer sets: examples crafted on a network of its own
+        examples = train_transfer_source(
+            trial.spec, trial.ds, trial.method, trial.problem, trial.build_model, trial.eval_sets["test"], trial.seeds
+        )
+        crafted, transfer = examples_to_bytes(examples), AdversarialPredictives(examples, trial.ds.n_outputs)
+    if transfer is None:
+        return [white_box]
+    scored = TransferProbe(context, transfer, attacked, crafted)
+    scored.seconds = time.perf_counter() - tick if crafted is not None else 0.0
+    return [white_box, scored]

@@ -1,0 +1,69 @@
+"""The bit-depth probe: each posterior sample evaluated with its weights stored at lower bit depths
+(``SET@SCHEME`` for the test and OOD sets, :func:`~ursa_ray.evaluation.test_time_cost.evaluate_at_bit_depths`;
+final classification trials; docs/test-time-cost.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from ursa_ray.evaluation.metrics import ood_metrics
+from ursa_ray.evaluation.predictions import prediction_table
+from ursa_ray.evaluation.predictive import ClassificationPredictive
+from ursa_ray.evaluation.probes.base import Probe, ProbeContext, accumulate
+from ursa_ray.evaluation.test_time_cost import evaluate_at_bit_depths
+
+
+class BitDepthProbe(Probe):
+    """The posterior predictive on each full-precision set at each scheme: in-domain metrics of the test set,
+    OOD detection of each OOD set against the test set at the same scheme.  Registered first: each scheme
+    sees the sample's dropout masks, and the random generators are restored for the float32 probes."""
+
+    clock = "bit_depth_eval_s"
+
+    def __init__(self, context: ProbeContext, schemes: tuple[str, ...]) -> None:
+        super().__init__()
+        trial = self.trial = context.trial
+        self.context, self.schemes = context, schemes
+        self.predictives = {
+            f"{name}@{scheme}": ClassificationPredictive(
+                trial.eval_sets[name][0].shape[0], trial.ds.n_outputs, trial.device
+            )
+            for scheme in schemes
+            for name in trial.full_precision_sets
+        }
+
+    def observe(self, predictor: Any) -> None:
+        def evaluate_stored(scheme: str) -> None:
+            for name in self.trial.full_precision_sets:
+                x = self.trial.eval_sets[name][0]
+                accumulate(self.predictives[f"{name}@{scheme}"], predictor, x, self.trial.precision)
+
+        evaluate_at_bit_depths(predictor, evaluate_stored, self.schemes)
+
+    def compute(self) -> dict[str, dict[str, float]]:
+        ds, test_y = self.trial.ds, self.trial.eval_sets["test"][1]
+        values = {}
+        for scheme in self.schemes:
+            test = self.predictives[f"test@{scheme}"]
+            values[f"test@{scheme}"] = self.context.evaluate(ds, test, test_y, "test")
+            for name in ds.ood:
+                values[f"{name}@{scheme}"] = ood_metrics(test, self.predictives[f"{name}@{scheme}"])
+        return values
+
+    def rows(self) -> dict[str, pd.DataFrame]:
+        labels = {name: y for name, (_, y) in self.trial.eval_sets.items()}
+        return {
+            name: prediction_table(acc, None if y is None else y.numpy())
+            for name, acc in self.predictives.items()
+            for y in [labels[name.split("@")[0]]]
+        }
+
+
+def probes(context: ProbeContext) -> list[Probe]:
+    """The grid's ``bit_depths`` in final classification trials, else none."""
+    trial = context.trial
+    final_classification = trial.spec["phase"] == "final" and trial.ds.task == "classification"
+    schemes = tuple(trial.spec["bit_depths"]) if final_classification else ()
+    return [BitDepthProbe(context, schemes)] if schemes else []
