@@ -41,11 +41,12 @@ def data_root(tmp_path_factory):
     for name in ("mnist", "fashion_mnist", "kmnist"):
         labels = np.tile(np.arange(10, dtype=np.uint8), 20)
         files.write_mnist_family(root, name, images(200, (28, 28)), labels, images(40, (28, 28)), labels[:40])
-    labels = np.tile(np.arange(10), 8)
-    files.write_cifar10(root, images(80, (3, 32, 32)), labels, images(20, (3, 32, 32)), labels[:20])
+    # CIFAR-sized sets of a few images each: every image costs a ResNet50 pass per evaluation set and attack step
+    labels = np.tile(np.arange(10), 2)
+    files.write_cifar10(root, images(20, (3, 32, 32)), labels, images(10, (3, 32, 32)), labels[:10])
     labels100 = np.arange(100)
     files.write_cifar100(root, images(100, (3, 32, 32)), labels100, images(20, (3, 32, 32)), labels100[:20])
-    files.write_svhn_test(root, images(20, (3, 32, 32)), np.arange(1, 21) % 10 + 1)
+    files.write_svhn_test(root, images(10, (3, 32, 32)), np.arange(1, 11) % 10 + 1)
     files.write_stl10_test(root, images(10, (3, 96, 96)), np.arange(10) + 1)
     return root
 
@@ -74,8 +75,15 @@ def test_paper_grids_validate_with_data_present(with_data, grid, capsys):
 
 
 def _shrunk(spec):
+    """The trial with the grid's methods, models, data files and every evaluation part it asks for (each
+    corruption type, both attacks and the transfer attack, each bit depth), at the smallest size each part
+    runs at: the lowest severity, the smallest epsilon, one PGD step, one attacked sample."""
     config = {k: (min(v, SHRINK[k]) if k in SHRINK else v) for k, v in spec["config"].items()}
-    return {**spec, "config": config, "resources": {**spec["resources"], "gpu": 0}}
+    corruptions = {**spec["corruptions"], "severities": spec["corruptions"]["severities"][:1]}
+    adversarial = spec["adversarial"]
+    adversarial = {**adversarial, "epsilons": adversarial["epsilons"][:1], "pgd_steps": 1, "attack_samples": 1}
+    resources = {**spec["resources"], "gpu": 0}
+    return {**spec, "config": config, "resources": resources, "corruptions": corruptions, "adversarial": adversarial}
 
 
 def test_small_scale_every_method_starts_on_mnist_format_files(with_data):
