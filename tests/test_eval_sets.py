@@ -104,3 +104,17 @@ def test_every_set_of_the_quickstart_has_a_kind_even_when_read_from_before_the_c
         "in_domain": 1, "ood": 3, "bit_depth": 12, "corruption": 30, "adversarial": 9, "transfer": 9, "cost": 1,
     }  # fmt: skip
     assert set(metrics.loc[metrics["eval_kind"] == "ood", "eval_set"]) == {"digits_inverted", "digits_rotated", "noise"}
+
+
+@pytest.mark.parametrize("name", ["test", "cost", "validation", "adv:clean", "noise@int8"])
+def test_a_file_dataset_may_not_name_an_ood_set_as_another_kind(tmp_path, name):
+    """The OOD set names a file block may give are plain names no other kind reserves, so every row of
+    theirs is written with kind ood."""
+    from ursa_ray.data.files import FileDatasetError, parse_file_settings
+
+    (tmp_path / "d.npz").write_bytes(b"")
+    with pytest.raises(FileDatasetError, match="an OOD set name is letters, digits, '_' and '-', not test, valid"):
+        parse_file_settings(
+            {"format": "npz", "path": "d.npz", "task": "classification", "ood": {name: "d.npz"}}, tmp_path
+        )
+    assert eval_kind("my-set_2") == "ood" and not eval_sets.is_ood_name(name)

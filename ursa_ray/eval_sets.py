@@ -61,6 +61,8 @@ _PREFIX_KINDS: dict[str, EvalKind] = {
     "reference": "reference",
 }
 _PLAIN_KINDS: dict[str, EvalKind] = {TEST: "in_domain", VALIDATION: "validation", COST: "cost"}
+RESERVED_NAMES = tuple(_PLAIN_KINDS)
+"""The plain names that are no OOD set: a dataset's OOD set may not be called so."""
 _ATTACK_SET = re.compile(r"(?P<attack>[a-z0-9]+)_eps(?P<epsilon>.+)")
 
 
@@ -168,7 +170,7 @@ def kinds_by_name(names: Iterable[str]) -> dict[str, EvalKind]:
 
 def is_ood_name(name: str) -> bool:
     """Whether ``name`` may name a dataset's OOD set: a plain name that no other kind reserves."""
-    return bool(name) and ":" not in name and "@" not in name and name not in _PLAIN_KINDS
+    return bool(name) and ":" not in name and "@" not in name and name not in RESERVED_NAMES
 
 
 def _parse_prefixed(name: str, kind: EvalKind, rest: str) -> EvalSet:

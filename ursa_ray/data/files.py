@@ -64,6 +64,7 @@ import torch
 from torch import Tensor
 
 from ursa_ray.data.base import Dataset, DatasetSpec
+from ursa_ray.eval_sets import RESERVED_NAMES
 
 FORMATS = ("npz", "parquet", "image_folder")
 TASKS = ("classification", "regression")
@@ -81,7 +82,6 @@ FILE_KEYS = ("format", "path", "task", "noise_std", "layout", "label", "features
 FORMAT_KEYS = {"npz": ("layout",), "parquet": ("label", "features", "split"), "image_folder": ("size",)}
 """Keys only one format takes."""
 SET_NAME = re.compile(r"[A-Za-z0-9_-]+")
-RESERVED_SET_NAMES = ("test", "validation", "cost")
 GRAYSCALE_MODES = ("1", "L", "LA", "I", "I;16", "F")
 IMAGE_CHANNELS = (1, 3)
 """Channels an image may have: grayscale or RGB."""
@@ -157,10 +157,10 @@ def parse_file_settings(raw: Any, base: Path) -> dict[str, Any]:
     if not isinstance(ood, dict):
         raise FileDatasetError("ood", "expected a mapping of OOD set name to path")
     for name in ood:
-        if not isinstance(name, str) or not SET_NAME.fullmatch(name) or name in RESERVED_SET_NAMES:
+        if not isinstance(name, str) or not SET_NAME.fullmatch(name) or name in RESERVED_NAMES:
             raise FileDatasetError(
                 f"ood.{name}",
-                f"an OOD set name is letters, digits, '_' and '-', not {', '.join(RESERVED_SET_NAMES)}",
+                f"an OOD set name is letters, digits, '_' and '-', not {', '.join(RESERVED_NAMES)}",
             )
     out["ood"] = {name: _path(value, base, f"ood.{name}") for name, value in ood.items()}
     out["sha256"] = content_digest([out["path"], *out["ood"].values()])
