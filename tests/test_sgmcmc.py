@@ -432,3 +432,40 @@ def test_a_lone_chain_draws_what_one_batched_copy_draws(name):
     assert len(lone) == len(batched) == lone_stats["n_samples"]
     torch.testing.assert_close(torch.stack(lone), torch.stack(batched), rtol=1e-5, atol=1e-6)
     assert not torch.allclose(lone[0], lone[-1])
+
+
+def test_the_declared_sample_plan_is_the_stream_each_sampler_yields(monkeypatch):
+    """Each sampler's ``sample_plan`` (S per chain, C chains) counts what its stream yields, and
+    ``chains_in_turn_when_unbatchable`` says how an unbatchable network's stream orders the chains: chain
+    1's S samples, then chain 2's (against the stream of the same chains batched, which interleaves them
+    at each sampling step).  Fails with the base class's default plan for the cyclical samplers (S = 1, not cycles ×
+    samples per cycle) or a flag that claims interleaved chains."""
+    problem, _, cov = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=0)
+    common = {"prior_std": PRIOR_STD, "lr": lr_for(0.05, cov), "batch_size": 64}
+    for name, plan in [
+        ("sgld", {"epochs": 4, "burn_in_epochs": 2, "n_samples": 3, "n_chains": 2}),
+        ("sghmc", {"epochs": 4, "burn_in_epochs": 2, "n_samples": 3, "n_chains": 2}),
+        ("csgld", {"n_cycles": 2, "epochs_per_cycle": 2, "samples_per_cycle": 2, "exploration": 0.5}),
+        ("csghmc", {"n_cycles": 3, "epochs_per_cycle": 2, "samples_per_cycle": 1, "exploration": 0.5}),
+    ]:
+        method = get_method(name)
+        config = resolve_config(method, {**common, **plan})
+        declared = method.sample_plan(config, problem)
+        assert (declared.per_chain, declared.n_chains) == (
+            plan.get("n_samples", plan.get("n_cycles", 0) * plan.get("samples_per_cycle", 0)),
+            plan.get("n_chains", 1),
+        )
+        problem, _, _ = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=0)
+        batched = [flat_parameters(m).clone() for m in method.sample_posterior(problem, config, {})]
+        assert len(batched) == declared.total
+        with monkeypatch.context() as patch:
+            patch.setattr(sgmcmc, "can_batch", lambda model, problem: False)
+            problem, _, _ = make_blr_problem(n=N_TRAIN, prior_std=PRIOR_STD, seed=0)
+            lone = [flat_parameters(m).clone() for m in method.sample_posterior(problem, config, {})]
+        assert len(lone) == declared.total
+        chains, per_chain = declared.n_chains, declared.per_chain
+        in_turn = method.chains_in_turn_when_unbatchable
+        for chain in range(chains):
+            for s in range(per_chain):
+                position = chain * per_chain + s if in_turn else s * chains + chain
+                torch.testing.assert_close(lone[position], batched[s * chains + chain], rtol=1e-5, atol=1e-6)

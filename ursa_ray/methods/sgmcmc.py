@@ -36,6 +36,11 @@ the live network (a view: consumed before the next step).  ``stats`` gets ``n_sa
 FloatingPointError (checked before every sample and at the end of every epoch, or of every few epochs
 when they are shorter than 32 steps).
 
+Structure.  The update is written once, on a (C, P) state of C chains (:class:`LangevinUpdate`, ``init`` and
+``update``, as normal-computing/posteriors writes a sampler), and so is the loop (:func:`sample_chains`): a lone
+chain is C = 1 with the network's own forward pass (:class:`LangevinChain`), batched chains and seeds take
+their gradients from stacked networks (:class:`LangevinCopies`).
+
 Constraints.  ``burn_in_epochs < epochs`` and at most one sample per post-burn-in step (SGLD, SGHMC:
 :data:`CHAIN_CONSTRAINTS`), at most one sample per sampling step of a cycle (cSGLD, cSGHMC:
 :data:`CYCLE_CONSTRAINTS`); grid validation checks what it can before any trial, :meth:`_SGMCMC.plan` all
@@ -66,10 +71,11 @@ from ursa_ray.methods._training import autocast_body
 from ursa_ray.methods.base import (
     Constraint,
     Hyperparameter,
+    Method,
     Predictor,
     Problem,
+    SamplePlan,
     check_constraints,
-    sample_networks_storage,
 )
 from ursa_ray.methods.batched import CopyData, StackedNetworks, batched_nll, can_batch, copy_generators
 from ursa_ray.methods.chains import ChainTrace, warm_up_diagnostics
@@ -201,8 +207,16 @@ CYCLE_CONSTRAINTS = (
 """cSGLD's and cSGHMC's rule: no more samples per cycle than the cycle's sampling steps."""
 
 
-class _SGMCMC:
-    """One class for the four samplers; ``momentum`` selects SGHMC, ``cyclical`` the cSG variants."""
+StepPlan = tuple[int, Callable[[int], float], Callable[[int], bool], list[int]]
+"""(total steps, step → lr, step → noisy?, sorted 1-based steps after which a sample is taken):
+:meth:`_SGMCMC.plan`."""
+
+
+class _SGMCMC(Method):
+    """One class for the four samplers; ``momentum`` selects SGHMC, ``cyclical`` the cSG variants.  On a
+    network that cannot be batched the chains run one after another (:meth:`sample_posterior`)."""
+
+    chains_in_turn_when_unbatchable = True
 
     def __init__(
         self,
@@ -217,9 +231,15 @@ class _SGMCMC:
         self.description = description
         self.hyperparameters = hyperparameters
         self.constraints = CYCLE_CONSTRAINTS if cyclical else CHAIN_CONSTRAINTS
-        self.posterior_storage = sample_networks_storage  # the S kept states
         self.momentum = momentum
         self.cyclical = cyclical
+
+    def sample_plan(self, config: Mapping[str, Any], problem: Problem) -> SamplePlan:
+        """S = ``n_samples`` per chain of C = ``n_chains`` (SGLD, SGHMC); S = ``n_cycles`` ×
+        ``samples_per_cycle`` of one chain (cSGLD, cSGHMC)."""
+        if self.cyclical:
+            return SamplePlan(config["n_cycles"] * config["samples_per_cycle"])
+        return SamplePlan(config["n_samples"], config["n_chains"])
 
     def warm_up(self, device: torch.device) -> None:
         """Compile the noise and momentum kernels on ``device`` and import ArviZ (the R̂ of ``n_chains``;
@@ -227,9 +247,7 @@ class _SGMCMC:
         warm_up_kernels(device)
         warm_up_diagnostics()
 
-    def plan(
-        self, n_train: int, config: Mapping[str, Any]
-    ) -> tuple[int, Callable[[int], float], Callable[[int], bool], list[int]]:
+    def plan(self, n_train: int, config: Mapping[str, Any]) -> StepPlan:
         """(total steps, step → lr, step → noisy?, sorted 1-based steps after which a sample is taken).
 
         ValueError when ``config`` violates one of the method's constraints for ``n_train`` examples.
@@ -334,17 +352,12 @@ def _once(model: torch.nn.Module, make_model: Callable[[], torch.nn.Module]) -> 
     return lambda: built.pop() if built else make_model()
 
 
-Plan = tuple[int, Callable[[int], float], Callable[[int], bool], list[int]]
-"""(total steps, step → lr, step → noisy?, sorted 1-based steps after which a sample is taken):
-:meth:`_SGMCMC.plan`."""
-
-
 def sample_chains(
     chains: LangevinChain | LangevinCopies,
     minibatches: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
     problems: Sequence[Problem],
     config: Mapping[str, Any],
-    plan: Plan,
+    plan: StepPlan,
     stats: Sequence[dict[str, float]],
 ) -> Iterator[list[nn.Module]]:
     """The one SG-MCMC loop, of a lone chain (:class:`LangevinChain`, C = 1) and of batched copies
