@@ -9,6 +9,7 @@ cannot differ between them.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -21,31 +22,21 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ursa_ray import data, methods, models, reference
-from ursa_ray.eval_sets import attack_set
+from ursa_ray import data, methods, reference
 from ursa_ray.evaluation import (
     ClassificationPredictive,
     RegressionPredictive,
     classification_metrics,
     fidelity,
-    ood_metrics,
     regression_metrics,
 )
-from ursa_ray.evaluation.adversarial import (
-    AdversarialPredictives,
-    ModelAverage,
-    examples_to_bytes,
-    reference_epsilon,
-)
-from ursa_ray.evaluation.precision import evaluation_precision, keep_output_layer_float32
-from ursa_ray.evaluation.predictions import prediction_table
-from ursa_ray.evaluation.probes.adversarial import _attack, load_transfer_attack, train_transfer_source
-from ursa_ray.evaluation.probes.base import accumulate, predict, predict_expected_entropy
-from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time, evaluate_at_bit_depths
+from ursa_ray.evaluation.probes import make_probes
+from ursa_ray.evaluation.probes.adversarial import TransferProbe
+from ursa_ray.evaluation.probes.base import ProbeContext, predict
+from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time
 from ursa_ray.methods import batched
-from ursa_ray.methods._training import autocast_dtype, default_precision
-from ursa_ray.methods.base import Categorical, Gaussian, Problem
-from ursa_ray.prepare import corrupted_sets, pick_device, trial_seeds, validation_split
+from ursa_ray.methods.base import Categorical, Problem
+from ursa_ray.prepare import PreparedTrial, pick_device, prepare
 from ursa_ray.results import Location, metric_key
 
 
@@ -115,156 +106,72 @@ def warm_up_worker(device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def _sample_plan(trial: PreparedTrial) -> tuple[int, int, bool]:
+    """(S, C, in turn): the samples per chain and chains of the method's stream (:func:`planned_samples`)
+    and, with several chains, whether they run in turn (:func:`chains_in_turn`, on a network built with
+    torch's generator put back afterwards)."""
+    per_chain, n_chains = planned_samples(trial.spec["config"])
+    in_turn = False
+    if n_chains > 1:
+        with torch.random.fork_rng(devices=[]):
+            in_turn = chains_in_turn(trial.method, trial.build_model(), trial.problem)
+    return per_chain, n_chains, in_turn
+
+
+def new_predictive(ds: data.base.Dataset, n: int, device: torch.device) -> Any:
+    """An empty posterior-predictive accumulator of ``n`` examples for ``ds``'s task."""
+    if ds.task == "classification":
+        return ClassificationPredictive(n, ds.n_outputs, device)
+    return RegressionPredictive(n, device)
+
+
 class TrialRun:
-    """One trial's data, problem, evaluation sets and accumulators: :meth:`observe` adds a posterior sample
-    to every accumulator, :meth:`finish` computes the metrics and rows.  :func:`run_trial` drives one
-    method stream through it; :func:`run_trials_batched` one batched stream through several.
+    """One trial: its prepared data and problem (:func:`~ursa_ray.prepare.prepare`), the posterior predictive
+    on each evaluation set, and its evaluation probes (:mod:`ursa_ray.evaluation.probes`).  :meth:`observe`
+    passes a posterior sample to every probe, :meth:`finish` computes the metrics and rows.
+    :func:`run_trial` drives one method stream through it; :func:`run_trials_batched` one batched stream
+    through several.
 
     ``own_init_stream``: model initialisations come from a generator state of this trial's own (seeded
     with its ``init`` seed) rather than torch's global generator, so that several trials prepared side by
     side each build the networks they would alone."""
 
     def __init__(self, spec: Mapping[str, Any], device: torch.device | None = None, own_init_stream: bool = False):
-        self.started_cpu = time.process_time()
-        start_wall = time.perf_counter()
-        self.spec = spec
-        self.device = device = device or pick_device(spec["resources"]["gpu"])
-        self.seed = seed = int(spec["seed"])
-        self.seeds = seeds = trial_seeds(seed)
-        torch.manual_seed(seeds["init"])
-        np.random.seed(seeds["init"] % 2**32)
-        generator = torch.Generator().manual_seed(seeds["data"])
-
-        dataset_spec = data.dataset_spec(spec["dataset"], spec.get("dataset_file"))  # registered, or read from files
-        self.ds = ds = dataset_spec.load(
-            spec["dataset_options"], tuple(spec["ood"]), data.base.data_root(spec["data_root"]), spec["download"], seed
-        )
-        train_x, train_y = ds.train_x, ds.train_y
-        eval_sets: dict[str, tuple[Tensor, Tensor | None]]
-        if spec["phase"] == "search":
-            fit, val = validation_split(len(train_y), spec["validation_fraction"], seed)
-            eval_sets = {"validation": (train_x[val], train_y[val])}
-            train_x, train_y = train_x[fit], train_y[fit]
-        else:
-            eval_sets = {"test": (ds.test_x, ds.test_y)}
-            eval_sets.update({name: (x, None) for name, x in ds.ood.items()})
-        self.full_precision_sets = list(eval_sets)  # the sets also evaluated at lower bit depths
-        train_x, train_y = train_x.to(device), train_y.to(device)
-        eval_sets = {k: (x.to(device), y) for k, (x, y) in eval_sets.items()}
-        # corruptions and attacks: final classification trials of in-domain cells (composites use no other)
-        robustness = spec["phase"] == "final" and ds.task == "classification" and not spec["decision_task"]
-        robustness = robustness and ds.pixel_mean is not None  # tabular data have no pixels to perturb
-        if robustness:
-            eval_sets.update(corrupted_sets(ds, eval_sets["test"], spec["corruptions"], seeds["corruption"]))
-        self.eval_sets = eval_sets
-
-        model_spec = models.get_model(spec["model"])
-        model_kwargs = dict(spec["model_options"])
-        if model_spec.needs_feature_map:
-            model_kwargs["feature_map"] = ds.feature_map
-
-        self.precision = precision = evaluation_precision(device, ds.task)
-        self.training_precision = spec.get("precision") or default_precision(device, ds.task)
-        training_dtype = autocast_dtype(self.training_precision)
-        self.n_params = 0  # of the model as built (before a method adds its own parameters), set by the first build
-        init_state = torch.Generator().manual_seed(seeds["init"]).get_state() if own_init_stream else None
-
-        def build() -> torch.nn.Module:
-            model = model_spec.build(ds.input_shape, ds.n_outputs, **model_kwargs).to(device)
-            if device.type == "cuda" and len(ds.input_shape) == 3:
-                model = model.to(memory_format=torch.channels_last)
-            if precision is not None or training_dtype is not None:
-                keep_output_layer_float32(model, ds.n_outputs)
-            self.n_params = self.n_params or sum(p.numel() for p in model.parameters())
-            return model
-
-        self.build_model = build  # from torch's global generator, whatever ``own_init_stream``
-
-        def make_model() -> torch.nn.Module:
-            nonlocal init_state
-            if init_state is None:
-                return build()
-            with torch.random.fork_rng(devices=[]):
-                torch.set_rng_state(init_state)
-                model = build()
-                init_state = torch.get_rng_state()
-            return model
-
-        likelihood = Categorical() if ds.task == "classification" else Gaussian(float(ds.noise_std))
-        self.problem = Problem(train_x, train_y, likelihood, make_model, generator, device, ds.augment, training_dtype)
-        self.method = methods.get_method(spec["method"])
-        self.setup_s = time.perf_counter() - start_wall
-
-        if ds.task == "classification":
-            self.accumulators = {
-                k: ClassificationPredictive(x.shape[0], ds.n_outputs, device) for k, (x, _) in eval_sets.items()
-            }
-        else:
-            self.accumulators = {k: RegressionPredictive(x.shape[0], device) for k, (x, _) in eval_sets.items()}
-        # the final phase also evaluates each classification sample with its weights stored at lower bit depths
-        self.schemes = tuple(spec["bit_depths"]) if spec["phase"] == "final" and ds.task == "classification" else ()
-        self.at_bit_depth = {
-            f"{name}@{scheme}": ClassificationPredictive(eval_sets[name][0].shape[0], ds.n_outputs, device)
-            for scheme in self.schemes
-            for name in self.full_precision_sets
+        self.trial = trial = prepare(spec, device, own_init_stream)
+        self.spec, self.device, self.seeds, self.ds = spec, trial.device, trial.seeds, trial.ds
+        self.problem, self.method, self.eval_sets = trial.problem, trial.method, trial.eval_sets
+        self.precision, self.training_precision = trial.precision, trial.training_precision
+        self.build_model, self.setup_s, self.started_cpu = trial.build_model, trial.setup_s, trial.started_cpu
+        self.accumulators = {
+            name: new_predictive(self.ds, x.shape[0], self.device) for name, (x, _) in self.eval_sets.items()
         }
+        self.probes = make_probes(
+            ProbeContext(trial, self.accumulators, _evaluate, functools.partial(_sample_plan, trial))
+        )
         self.stats: dict[str, float] = {}
-        self.train_s = self.eval_s = self.bit_depth_s = self.attack_s = 0.0
+        self.train_s = 0.0
         self.last_predictor: Any = None
-        self.attacked = self.transfer = None
-        self.transfer_examples: bytes | None = None
-        if robustness:
-            per_chain, n_chains = planned_samples(spec["config"])
-            in_turn = False
-            if n_chains > 1:
-                with torch.random.fork_rng(devices=[]):
-                    in_turn = chains_in_turn(self.method, build(), self.problem)
-            self.attacked = ModelAverage(
-                per_chain,
-                spec["adversarial"]["attack_samples"],
-                n_chains=n_chains,
-                chains_in_turn=in_turn,
-                seed=seeds["attack"],
-            )
-            self.transfer = load_transfer_attack(spec, ds, device)
-            if spec.get("transfer_source"):  # its transfer sets: examples crafted on a network of its own
-                tick = time.perf_counter()
-                examples = train_transfer_source(spec, ds, self.method, self.problem, build, eval_sets["test"], seeds)
-                self.transfer_examples = examples_to_bytes(examples)
-                self.transfer = AdversarialPredictives(examples, ds.n_outputs)
-                self.attack_s += time.perf_counter() - tick
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the model as built (before a method adds its own), counted by its first build."""
+        return self.build_model.n_params
+
+    def seconds(self, clock: str) -> float:
+        """The probes' seconds charged to the trial-row column ``clock``."""
+        return sum(probe.seconds for probe in self.probes if probe.clock == clock)
 
     def observe(
         self, predictor: Any, progress: Callable[[int, dict[str, float], dict[str, float]], None] | None = None
     ) -> None:
-        """Add one posterior sample to every accumulator (and the attack's kept samples), timing each part."""
-        precision, eval_sets = self.precision, self.eval_sets
+        """Pass one posterior sample to every probe in registration order, timing each."""
         self.last_predictor = predictor
-        tick = time.perf_counter()
-        if self.schemes:  # before the float32 pass: each scheme sees the sample's dropout masks, the RNG is restored
-
-            def evaluate_stored(scheme: str, predictor: Any = predictor) -> None:
-                for name in self.full_precision_sets:
-                    x = eval_sets[name][0]
-                    accumulate(self.at_bit_depth[f"{name}@{scheme}"], predictor, x, precision)
-
-            evaluate_at_bit_depths(predictor, evaluate_stored, self.schemes)
-            self.bit_depth_s += time.perf_counter() - tick
+        for probe in self.probes:
             tick = time.perf_counter()
-        for name, (x, _) in eval_sets.items():
-            accumulate(self.accumulators[name], predictor, x, precision)
-        self.eval_s += time.perf_counter() - tick
-        if self.attacked is not None:
-            tick = time.perf_counter()
-            self.attacked.observe(predictor)
-            if self.transfer is not None:
-                self.transfer.update(
-                    lambda x, p=predictor: predict(p, x, precision),
-                    lambda x, p=predictor: predict_expected_entropy(p, x, precision),
-                )
-            self.attack_s += time.perf_counter() - tick  # copying a kept sample is part of the attack's cost
-        if progress is not None and "validation" in eval_sets:
-            running = _evaluate(self.ds, self.accumulators["validation"], eval_sets["validation"][1], "validation")
+            probe.observe(predictor)
+            probe.seconds += time.perf_counter() - tick
+        if progress is not None and "validation" in self.eval_sets:
+            running = _evaluate(self.ds, self.accumulators["validation"], self.eval_sets["validation"][1], "validation")
             progress(
                 self.accumulators["validation"].n_samples,
                 {f"val_{k}": float(v) for k, v in running.items()},
@@ -272,81 +179,55 @@ class TrialRun:
             )
 
     def finish(self) -> TrialOutcome:
-        """The trial's metrics and rows from what :meth:`observe` accumulated (``train_s`` set by the driver)."""
-        spec, ds, seeds = self.spec, self.ds, self.seeds
-        eval_sets, accumulators, schemes = self.eval_sets, self.accumulators, self.schemes
-        attacked, transfer, stats = self.attacked, self.transfer, self.stats
-        n_samples = next(iter(accumulators.values())).n_samples
+        """The trial's metrics and rows from what its probes observed (``train_s`` set by the driver)."""
+        spec, ds = self.spec, self.ds
+        n_samples = next(iter(self.accumulators.values())).n_samples
         if n_samples == 0:
             raise RuntimeError(f"method {spec['method']} produced no posterior samples")
-
-        outcome = TrialOutcome(record={})
         values: dict[str, dict[str, float]] = {}
-        adversarial_tables = {}
-        transfer_from = ""  # the trial whose examples the transfer sets are (the source's own id for itself)
-        outcome.transfer_examples = self.transfer_examples
-        if attacked is not None and attacked.n_kept > 0:
-            tick = time.perf_counter()
-            adversarial = _attack(spec, ds, attacked, eval_sets["test"], seeds["attack"])
-            reference = attack_set("pgd", reference_epsilon(spec["dataset"]))
-            for name, table in adversarial.metrics().items():  # `reference`: the robustness composite's set
-                values[f"adv:{name}"] = table | ({"reference": float(name == reference)} if name != "clean" else {})
-            adversarial_tables = {f"adv:{name}": table for name, table in adversarial.tables().items()}
-            if transfer is not None:
-                transfer_from = spec["trial_id"] if spec.get("transfer_source") else spec["transfer_from"]
-                values.update({f"transfer:{name}": table for name, table in transfer.metrics().items()})
-                adversarial_tables.update({f"transfer:{name}": table for name, table in transfer.tables().items()})
-            self.attack_s += time.perf_counter() - tick
-        for name, (_, y) in eval_sets.items():
-            if y is not None:
-                values[name] = _evaluate(ds, accumulators[name], y, name)
-        if spec["phase"] == "final":
-            if ds.task == "classification":
-                for name in ds.ood:
-                    values[name] = ood_metrics(accumulators["test"], accumulators[name])
-                for scheme in schemes:
-                    test = self.at_bit_depth[f"test@{scheme}"]
-                    values[f"test@{scheme}"] = _evaluate(ds, test, eval_sets["test"][1], "test")
-                    for name in ds.ood:
-                        values[f"{name}@{scheme}"] = ood_metrics(test, self.at_bit_depth[f"{name}@{scheme}"])
-            elif not ds.test_y_observed:  # a regression set from files has no noise-free truth
-                outcome.points = _points(spec, ds, accumulators["test"])
-        if spec["phase"] == "final" and spec.get("reference") is not None and spec.get("references_dir"):
-            values.update(_fidelity(spec, ds, accumulators))
+        for probe in self.probes:  # two families may report on one set (their metric names differ)
+            for name, table in probe.compute().items():
+                values.setdefault(name, {}).update(table)
+        transfer = next((p for p in self.probes if isinstance(p, TransferProbe)), None)
+        outcome = TrialOutcome(record={}, transfer_examples=None if transfer is None else transfer.crafted)
+        if spec["phase"] == "final" and ds.task != "classification" and not ds.test_y_observed:
+            outcome.points = _points(spec, ds, self.accumulators["test"])  # a file's regression set has no truth
         if "validation" in values:
             outcome.selection = {f"val_{k}": float(v) for k, v in values["validation"].items()}
+        values["cost"] = self.cost(n_samples)
+        outcome.metrics = metric_rows(spec, values)
+        if spec["save_predictions"] and spec["phase"] == "final" and ds.task == "classification":
+            outcome.predictions = {name: table for probe in self.probes for name, table in probe.rows().items()}
+        # the trial whose examples the transfer sets are (the source's own id for itself)
+        outcome.record = self.record(n_samples, transfer.source if transfer and transfer.attacked.n_kept else "")
+        return outcome
 
-        n_eval_examples = sum(x.shape[0] for x, _ in eval_sets.values())
-        values["cost"] = {
+    def cost(self, n_samples: int) -> dict[str, float]:
+        """The ``cost`` metrics: training and prediction time, size, and the test-time cost of the posterior
+        (the last sample stands for the structure of every one: FLOPs of a forward pass, storage)."""
+        n_eval_examples = sum(x.shape[0] for x, _ in self.eval_sets.values())
+        return {
             "train_s": self.train_s,
             "s_per_sample": self.train_s / n_samples,
-            "predict_s_per_example": self.eval_s / n_eval_examples,
+            "predict_s_per_example": self.seconds("eval_s") / n_eval_examples,
             "n_params": float(self.n_params),
             "n_samples": float(n_samples),
-            # the last sample stands for the structure of every one: FLOPs of a forward pass, storage of the posterior
-            **cost_metrics_at_test_time(self.method, self.last_predictor, spec["config"], n_samples, ds.input_shape),
+            **cost_metrics_at_test_time(
+                self.method, self.last_predictor, self.spec["config"], n_samples, self.ds.input_shape
+            ),
         }
-        base = metric_key(spec)
-        outcome.metrics = [
-            {**base, "eval_set": eval_set, "metric": metric, "value": float(value)}
-            for eval_set, table in values.items()
-            for metric, value in table.items()
-        ]
-        if spec["save_predictions"] and spec["phase"] == "final" and ds.task == "classification":
-            outcome.predictions = {
-                name: prediction_table(acc, None if labels is None else labels.numpy())
-                for name, acc in {**accumulators, **self.at_bit_depth}.items()
-                for labels in [eval_sets[name.split("@")[0]][1]]
-            } | adversarial_tables
-        outcome.record = {
+
+    def record(self, n_samples: int, transfer_from: str) -> dict[str, Any]:
+        """The trial's ``trials.parquet`` row."""
+        stats = self.stats
+        return {
             "n_samples": n_samples,
             "n_params": self.n_params,
             "setup_s": self.setup_s,
             "train_s": self.train_s,
-            "eval_s": self.eval_s,
-            "bit_depth_eval_s": self.bit_depth_s,
-            "attack_s": self.attack_s,
-            "cpu_s": time.process_time() - self.started_cpu,
+            "eval_s": self.seconds("eval_s"),
+            "bit_depth_eval_s": self.seconds("bit_depth_eval_s"),
+            "attack_s": self.seconds("attack_s"),
             "device": str(self.device),
             "precision": self.training_precision,
             "grad_evals": float(stats.get("grad_evals", math.nan)),
@@ -355,7 +236,16 @@ class TrialRun:
             "transfer_from": transfer_from,
             "seeds_in_trial": 1,
         }
-        return outcome
+
+
+def metric_rows(spec: Mapping[str, Any], values: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
+    """Long-format ``metrics.parquet`` rows of a trial: one per (evaluation set, metric)."""
+    base = metric_key(spec)
+    return [
+        {**base, "eval_set": eval_set, "metric": metric, "value": float(value)}
+        for eval_set, table in values.items()
+        for metric, value in table.items()
+    ]
 
 
 def _stream_into(runs: list[TrialRun], stream: Any, batched_stream: bool, progress: Any = None) -> float:
@@ -423,26 +313,11 @@ def run_trials_batched(specs: list[Mapping[str, Any]], device: torch.device | No
     return outcomes
 
 
-def _fidelity(
-    spec: Mapping[str, Any], ds: data.base.Dataset, accumulators: Mapping[str, Any]
-) -> dict[str, dict[str, float]]:
-    """``fidelity:SET`` metrics of the trial's predictive on the test and OOD sets against its cell's stored
-    reference (:meth:`ursa_ray.reference.Reference.metrics`), found by fingerprint in ``spec["references_dir"]``;
-    none when no reference with this cell's fingerprint is stored (its reference trial failed)."""
-    key = reference.fingerprint(spec, spec["reference"], reference.data_digest(ds))
-    stored = reference.reference_location(Location.parse(spec["references_dir"]), key)
-    if not stored.exists():
-        return {}
-    ref = reference.read_reference(stored)
-    return {f"fidelity:{name}": ref.metrics(name, accumulators[name]) for name in ref.pooled if name in accumulators}
-
-
 def run_reference_trial(spec: Mapping[str, Any], device: torch.device | None = None) -> TrialOutcome:
     """A reference trial (phase ``reference``, :func:`ursa_ray.grid._link_references`): its cell's reference
     reused from ``spec["references_dir"]`` or computed and stored there (:func:`stored_or_computed`); metric rows
     ``reference:SET`` (its noise floor ``noise_*``, ``rhat_max``, ``ess_bulk_min``, ``converged``) and ``cost``
     (``computed``: 1 when this trial ran the chains, 0 when it reused them; the stored run's cost either way)."""
-    started_cpu = time.process_time()
     ref, computed = stored_or_computed(spec, spec["reference"], Location.parse(spec["references_dir"]), device)
     values = {
         f"reference:{name}": {**{f"noise_{k}": v for k, v in floor.items()}, **ref.convergence.as_metrics()}
@@ -462,7 +337,6 @@ def run_reference_trial(spec: Mapping[str, Any], device: torch.device | None = N
         "setup_s": spent.get("setup_s", 0.0),
         "train_s": spent.get("train_s", 0.0),
         "eval_s": spent.get("eval_s", 0.0),
-        "cpu_s": time.process_time() - started_cpu,
         "device": str(device or pick_device(spec["resources"]["gpu"])),
         "grad_evals": float(ref.cost.get("grad_evals", math.nan)) if computed else 0.0,
         "accept_rate": float(ref.cost.get("accept_rate", math.nan)),
@@ -519,19 +393,12 @@ def _run_reference(run: TrialRun, spec: Mapping[str, Any], settings: Mapping[str
     merged = {**reference.SETTINGS_DEFAULTS, **settings}
     if merged["method"] != "hmc":
         raise ValueError(f"reference method must be 'hmc', got {merged['method']!r}")
-    task = run.ds.task
-    config = run.spec["config"]
+    task, config = run.ds.task, run.spec["config"]
     n_chains = config["n_chains"]
-    n_outputs = run.ds.n_outputs
-
-    def accumulator(n: int) -> Any:
-        return (
-            ClassificationPredictive(n, n_outputs, run.device)
-            if task == "classification"
-            else RegressionPredictive(n, run.device)
-        )
-
-    per_chain = {name: [accumulator(x.shape[0]) for _ in range(n_chains)] for name, (x, _) in run.eval_sets.items()}
+    per_chain = {
+        name: [new_predictive(run.ds, x.shape[0], run.device) for _ in range(n_chains)]
+        for name, (x, _) in run.eval_sets.items()
+    }
     draws: list[list[np.ndarray]] = [[] for _ in range(n_chains)]
     stream = run.method.sample_posterior(run.problem, config, run.stats)
     train_s = eval_s = 0.0
@@ -553,19 +420,7 @@ def _run_reference(run: TrialRun, spec: Mapping[str, Any], settings: Mapping[str
         eval_s += time.perf_counter() - tick
         tick = time.perf_counter()
     train_s += time.perf_counter() - tick
-
-    pooled, chains, floors = {}, {}, {}
-    for name, acc in run.accumulators.items():
-        if task == "classification":
-            pooled[name] = acc.mean_probs
-            chains[name] = np.stack([a.mean_probs for a in per_chain[name]])
-            if n_chains > 1:
-                floors[name] = fidelity.noise_floor(chains[name])
-        else:
-            pooled[name] = np.stack([acc.mean, acc.std], axis=1)
-            chains[name] = np.stack([np.stack([a.mean, a.std], axis=1) for a in per_chain[name]])
-            if n_chains > 1:
-                floors[name] = fidelity.regression_noise_floor(chains[name][..., 0], chains[name][..., 1] ** 2)
+    pooled, chains, floors = _pooled_chains_and_floors(task, run.accumulators, per_chain)
     n_draws = min(len(d) for d in draws)
     checked = fidelity.convergence(
         np.stack([np.stack(d[:n_draws]) for d in draws]),
@@ -581,16 +436,29 @@ def _run_reference(run: TrialRun, spec: Mapping[str, Any], settings: Mapping[str
         "accept_rate": float(run.stats.get("accept_rate", float("nan"))),
         "n_samples": float(run.stats.get("n_samples", 0)),
     }
-    return reference.Reference(
-        reference.fingerprint(spec, settings, reference.data_digest(run.ds)),
-        task,
-        pooled,
-        chains,
-        checked,
-        floors,
-        {**merged},
-        cost,
-    )
+    fingerprint = reference.fingerprint(spec, settings, reference.data_digest(run.ds))
+    return reference.Reference(fingerprint, task, pooled, chains, checked, floors, {**merged}, cost)
+
+
+def _pooled_chains_and_floors(
+    task: str, pooled_predictives: Mapping[str, Any], per_chain: Mapping[str, list[Any]]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, dict[str, float]]]:
+    """The reference's pooled and per-chain predictives by set (classification: mean probabilities;
+    regression: columns mean, std) and, with several chains, its noise floor by set
+    (:func:`~ursa_ray.evaluation.fidelity.noise_floor`, :func:`~ursa_ray.evaluation.fidelity.regression_noise_floor`)."""
+    pooled, chains, floors = {}, {}, {}
+    for name, acc in pooled_predictives.items():
+        if task == "classification":
+            pooled[name] = acc.mean_probs
+            chains[name] = np.stack([a.mean_probs for a in per_chain[name]])
+            if len(per_chain[name]) > 1:
+                floors[name] = fidelity.noise_floor(chains[name])
+        else:
+            pooled[name] = np.stack([acc.mean, acc.std], axis=1)
+            chains[name] = np.stack([np.stack([a.mean, a.std], axis=1) for a in per_chain[name]])
+            if len(per_chain[name]) > 1:
+                floors[name] = fidelity.regression_noise_floor(chains[name][..., 0], chains[name][..., 1] ** 2)
+    return pooled, chains, floors
 
 
 def stored_or_computed(
