@@ -24,6 +24,7 @@ from ursa_ray.methods.base import (
     resolve_config,
 )
 from ursa_ray.models.mlp import build_mlp
+from ursa_ray.trial import run_trial
 
 
 class _Smallest(Method):
@@ -108,6 +109,8 @@ def test_an_object_of_the_earlier_protocol_is_adapted_with_the_defaults():
     assert len(list(adapted.sample_posterior(_problem(), {}, {}))) == 1
 
 
+CYCLES = {"n_cycles": 3, "epochs_per_cycle": 2, "exploration": 0.5, "batch_size": 16}  # 3 steps an epoch
+
 # Each built-in on a tiny problem: the settings that keep it fast, and the plan (S, C) its configuration says.
 PLANS: list[tuple[str, str, dict[str, Any], tuple[int, int]]] = [
     ("sgd", "classification", {"epochs": 1}, (1, 1)),
@@ -120,9 +123,19 @@ PLANS: list[tuple[str, str, dict[str, Any], tuple[int, int]]] = [
     ("variational_dropout", "classification", {"epochs": 1, "n_samples": 4}, (4, 1)),
     ("mfvi", "classification", {"epochs": 1, "n_samples": 4}, (4, 1)),
     ("laplace", "classification", {"epochs": 1, "marglik_steps": 2, "n_samples": 4}, (4, 1)),
+    (
+        "sgld",
+        "classification",
+        {"epochs": 3, "burn_in_epochs": 1, "batch_size": 16, "n_samples": 2, "n_chains": 2},
+        (2, 2),
+    ),
+    ("sghmc", "classification", {"epochs": 3, "burn_in_epochs": 1, "batch_size": 16, "n_samples": 3}, (3, 1)),
+    ("csgld", "classification", {**CYCLES, "samples_per_cycle": 2}, (6, 1)),
+    ("csghmc", "classification", {**CYCLES, "samples_per_cycle": 3}, (9, 1)),
     ("hmc", "classification", {"n_leapfrog": 2, "burn_in": 2, "n_samples": 3, "n_chains": 2}, (3, 2)),
     ("bdk", "classification", {"epochs": 3, "burn_in_epochs": 1}, (1, 1)),
     ("gped", "classification", {"epochs": 3, "burn_in_epochs": 1}, (1, 1)),
+    ("sngp", "classification", {"epochs": 1, "n_features": 16, "n_samples": 4}, (1, 1)),  # mean field: one
     ("sngp", "classification", {"epochs": 1, "n_features": 16, "predictive": "sampled", "n_samples": 4}, (4, 1)),
     ("sngp", "regression", {"epochs": 1, "n_features": 16, "n_samples": 4}, (4, 1)),
 ]
@@ -140,3 +153,22 @@ def test_each_built_in_declares_the_sample_plan_of_its_stream(name, task, settin
     declared = method.sample_plan(config, problem)
     assert (declared.per_chain, declared.n_chains) == plan
     assert sum(1 for _ in method.sample_posterior(problem, config, {})) == declared.total
+
+
+def test_sngp_mean_field_is_attacked_through_its_one_sample():
+    """SNGP's mean-field stream yields one sample whatever ``n_samples`` says; the attacker keeps it.  Catches
+    the plan guessed from ``n_samples`` (20 planned, M = 4 kept at positions 4, 9, 14, 19 of a one-sample
+    stream: nothing kept, and no ``adv:`` rows at all)."""
+    grid = {
+        "name": "sngp_attack",
+        "methods": [{"name": "sngp", "hyperparameters": {"epochs": 1, "n_features": 16, "n_samples": 20}}],
+        "models": [{"name": "mlp", "options": {"widths": [16]}}],
+        "datasets": ["digits"],
+        "seeds": [0],
+        "save_predictions": False,
+        "adversarial": {"attacks": ["fgsm"], "n_examples": 20, "attack_samples": 4, "transfer": False},
+    }
+    (spec,) = parse_grid(grid, "g.yaml").trial_specs()
+    outcome = run_trial(spec)
+    attacked = {m["eval_set"] for m in outcome.metrics if m["eval_set"].startswith("adv:")}
+    assert outcome.record["n_samples"] == 1 and attacked, attacked

@@ -35,7 +35,7 @@ from ursa_ray.evaluation.probes.adversarial import TransferProbe
 from ursa_ray.evaluation.probes.base import ProbeContext, predict
 from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time
 from ursa_ray.methods import batched
-from ursa_ray.methods.base import Categorical, Problem
+from ursa_ray.methods.base import Categorical, Method, Problem, as_method
 from ursa_ray.prepare import PreparedTrial, pick_device, prepare
 from ursa_ray.results import Location, metric_key
 
@@ -54,27 +54,19 @@ class TrialOutcome:
     """A transfer source's crafted adversarial examples (:func:`examples_to_bytes`), for the other trials."""
 
 
-def planned_samples(config: Mapping[str, Any]) -> tuple[int, int]:
-    """(S, C): the samples per chain and the chains of a method's stream, from its configuration (which
-    samples the adversarial model average keeps depends on them): S = ``n_samples``, or
-    ``n_cycles × samples_per_cycle`` (cyclical SG-MCMC), else 1 (point estimates); C = ``n_chains``
-    (SG-MCMC, HMC), else 1.  The stream yields C·S samples."""
-    if "n_samples" in config:
-        per_chain = int(config["n_samples"])
-    elif "n_cycles" in config:
-        per_chain = int(config["n_cycles"] * config["samples_per_cycle"])
-    else:
-        per_chain = 1
-    return per_chain, int(config.get("n_chains", 1))
+def planned_samples(method: Method, config: Mapping[str, Any], problem: Problem) -> tuple[int, int]:
+    """(S, C): the samples per chain and the chains of ``method``'s stream for ``config`` on ``problem``, as
+    the method declares them (:meth:`~ursa_ray.methods.base.Method.sample_plan`; which samples the
+    adversarial model average keeps depends on them).  The stream yields C·S samples."""
+    plan = as_method(method).sample_plan(config, problem)
+    return plan.per_chain, plan.n_chains
 
 
-def chains_in_turn(method: Any, probe: torch.nn.Module, problem: Problem) -> bool:
-    """Whether ``method``'s stream pools its chains one after another rather than interleaved: SG-MCMC
-    runs them in turn when its network cannot be batched (``sgmcmc._SGMCMC.sample_posterior``); HMC and
-    every batched stream yield, at each sampling step, chain 1's sample, then chain 2's, ..."""
-    from ursa_ray.methods.sgmcmc import _SGMCMC
-
-    return isinstance(method, _SGMCMC) and not batched.can_batch(probe, problem)
+def chains_in_turn(method: Method, probe: torch.nn.Module, problem: Problem) -> bool:
+    """Whether ``method``'s stream pools its chains one after another rather than interleaved: on a network
+    that cannot be batched, where the method declares so (``chains_in_turn_when_unbatchable``: SG-MCMC); HMC
+    and every batched stream yield, at each sampling step, chain 1's sample, then chain 2's, ..."""
+    return as_method(method).chains_in_turn_when_unbatchable and not batched.can_batch(probe, problem)
 
 
 def warm_up_worker(device: torch.device) -> float:
@@ -110,7 +102,7 @@ def _sample_plan(trial: PreparedTrial) -> tuple[int, int, bool]:
     """(S, C, in turn): the samples per chain and chains of the method's stream (:func:`planned_samples`)
     and, with several chains, whether they run in turn (:func:`chains_in_turn`, on a network built with
     torch's generator put back afterwards)."""
-    per_chain, n_chains = planned_samples(trial.spec["config"])
+    per_chain, n_chains = planned_samples(trial.method, trial.spec["config"], trial.problem)
     in_turn = False
     if n_chains > 1:
         with torch.random.fork_rng(devices=[]):

@@ -41,7 +41,16 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm
 
 from ursa_ray.methods._training import ADAM_HYPERPARAMETERS, minimise, replace_module
-from ursa_ray.methods.base import Gaussian, Hyperparameter, Method, Predictor, Problem, StorageCount, n_parameters
+from ursa_ray.methods.base import (
+    Gaussian,
+    Hyperparameter,
+    Method,
+    Predictor,
+    Problem,
+    SamplePlan,
+    StorageCount,
+    n_parameters,
+)
 
 MEAN_FIELD_FACTOR = math.pi / 8
 """λ of the mean-field approximation E[softmax(g)] ≈ softmax(g / √(1 + λ v))."""
@@ -141,6 +150,11 @@ def sngp_storage(sample: nn.Module, config: Mapping[str, Any], n_samples: int) -
     return StorageCount(weights=n_parameters(sample) + extra)
 
 
+def _mean_field(config: Mapping[str, Any], problem: Problem) -> bool:
+    """Whether the predictive is the mean-field softmax (classification with ``predictive: mean_field``)."""
+    return not isinstance(problem.likelihood, Gaussian) and config["predictive"] == "mean_field"
+
+
 class SNGPMethod(Method):
     name = "sngp"
     description = "SNGP: spectral-normalised hidden layers and a random-feature GP output with its Laplace covariance"
@@ -157,6 +171,10 @@ class SNGPMethod(Method):
         Hyperparameter("n_samples", int, 20, "output draws at test time where the predictive is sampled", low=1),
     )
     posterior_storage = staticmethod(sngp_storage)
+
+    def sample_plan(self, config: Mapping[str, Any], problem: Problem) -> SamplePlan:
+        """One sample for the mean-field classification predictive, else ``n_samples`` output draws."""
+        return SamplePlan(1 if _mean_field(config, problem) else config["n_samples"])
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
@@ -186,9 +204,9 @@ class SNGPMethod(Method):
         stats["grad_evals"] = stats.get("grad_evals", 0.0) + steps
         stats["final_loss"] = float(loss)
         model.eval()
-        mean_field = gaussian is None and config["predictive"] == "mean_field"
+        mean_field = _mean_field(config, problem)
         gp.output_mode = "mean_field" if mean_field else "sampled"
-        for s in range(1 if mean_field else config["n_samples"]):
+        for s in range(self.sample_plan(config, problem).per_chain):
             stats["n_samples"] = s + 1
             yield model
 
