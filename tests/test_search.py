@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from light_evaluation import LIGHT_EVALUATION
 
 from analysis.cost import cost_table
 from ursa_ray.cli import main
@@ -28,6 +29,7 @@ SEARCH_GRID = {
     "resources": {"cpu": 1},
     "budget": {"epochs": 2, "batch_size": 128},
     "search": {"algorithm": "random", "n_trials": 3, "metric": "val_nll"},
+    **LIGHT_EVALUATION,  # the final trials' evaluation is not what these tests are about
 }
 
 
