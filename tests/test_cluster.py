@@ -311,7 +311,7 @@ def _trials(out: Path) -> pd.DataFrame:
 
 
 def test_grid_runs_across_both_nodes(cluster, tmp_path):
-    grid = _write_grid(tmp_path, "both", vectorize_seeds=1)  # 8 one-seed trials, for both nodes to share
+    grid = _write_grid(tmp_path, "both", vectorize_seeds=1, **LIGHT)  # 8 one-seed trials, for both nodes to share
     out = tmp_path / "results"
     run = _run(cluster, _ursa("run", str(grid), "--out", str(out), "--address", cluster.address))
     assert run.returncode == 0, run.stdout + run.stderr
@@ -326,7 +326,7 @@ def test_custom_resource_places_every_trial_on_its_node_via_submit_entry(cluster
     home = tmp_path / "home"
     home.mkdir()
     shutil.copy(ROOT / "cluster" / "submit_entry.py", home / "submit_entry.py")
-    grid = _write_grid(tmp_path, "pinned", seeds=2, resources={"cpu": 1, "custom": {"second_node": 1}})
+    grid = _write_grid(tmp_path, "pinned", seeds=2, resources={"cpu": 1, "custom": {"second_node": 1}}, **LIGHT)
     out = tmp_path / "results"
     run = _run(cluster, [sys.executable, str(home / "submit_entry.py"), str(grid), "--out", str(out)], cwd=home)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -389,7 +389,7 @@ def test_a_method_request_no_node_can_place_names_the_method_and_model(cluster, 
 
 def test_killed_trial_worker_is_retried_and_results_are_complete(cluster, tmp_path):
     grid = _write_grid(tmp_path, "retry", methods=["sgd"], seeds=3, max_failures=2,
-                       budget={"epochs": 30, "n_samples": 2, "batch_size": 64})  # fmt: skip
+                       budget={"epochs": 30, "n_samples": 2, "batch_size": 64}, **LIGHT)  # fmt: skip
     # one seed a trial: four trials, so the second node gets one (a single batched trial may land on the head)
     out = tmp_path / "results"
     process = subprocess.Popen(
@@ -421,7 +421,7 @@ def test_killed_trial_worker_is_retried_and_results_are_complete(cluster, tmp_pa
 
 
 def test_killed_driver_then_rerun_finishes_every_trial_once(cluster, tmp_path):
-    grid = _write_grid(tmp_path, "resume", seeds=3, budget={"epochs": 30, "n_samples": 3, "batch_size": 64})
+    grid = _write_grid(tmp_path, "resume", seeds=3, budget={"epochs": 30, "n_samples": 3, "batch_size": 64}, **LIGHT)
     out = tmp_path / "results"
     command = _ursa("run", str(grid), "--out", str(out), "--address", cluster.address)
     process = subprocess.Popen(command, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -454,7 +454,7 @@ def test_killed_driver_then_rerun_finishes_every_trial_once(cluster, tmp_path):
 def test_ray_job_submit_runs_a_grid(cluster, tmp_path):
     job_dir = tmp_path / "job"
     job_dir.mkdir()
-    _write_grid(job_dir, "grid", seeds=1)
+    _write_grid(job_dir, "grid", seeds=1, **LIGHT)
     out = tmp_path / "results"  # absolute: the job's working directory is a temporary copy on the head
     run = _run(
         cluster,
@@ -512,7 +512,7 @@ def test_gpu_shares_pack_onto_one_gpu_and_a_whole_gpu_runs_alone(gpu_cluster, tm
 def test_lost_node_loses_no_finished_result(cluster, tmp_path):
     """Last in the module: it ends the second node. Its trials are retried on the head; nothing is lost."""
     grid = _write_grid(tmp_path, "lost", methods=["sgd"], seeds=4, max_failures=1, vectorize_seeds=1,
-                       budget={"epochs": 30, "n_samples": 2, "batch_size": 64})  # fmt: skip
+                       budget={"epochs": 30, "n_samples": 2, "batch_size": 64}, **LIGHT)  # fmt: skip
     # one seed a trial: four trials, so the second node gets one (a single batched trial may land on the head)
     out = tmp_path / "results"
     raylets = _marked_pids(cluster.marker, contains=b"raylet_socket_name=" + cluster.node_tmp.encode())
