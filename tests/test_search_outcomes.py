@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import yaml
+from light_evaluation import LIGHT_EVALUATION
 
 from analysis.cost import cost_table
 from ursa_ray.cli import main
@@ -71,6 +72,7 @@ DIVERGING = {
     "resources": {"cpu": 1},
     "budget": {"epochs": 2, "batch_size": 128},
     "search": {"algorithm": "random", "n_trials": 4, "metric": "val_nll", "max_concurrent": 1},
+    **LIGHT_EVALUATION,  # the final trial's evaluation is not what these tests are about
 }
 
 
@@ -135,7 +137,7 @@ def test_run_exit_status_counts_final_trials_not_search_trials(
     summary.search_failed = [t for t, _ in failed if t.startswith("search-")]
     summary.recorded = {"search": len(summary.search_failed), "final": 1 + len(failed) - len(summary.search_failed)}
     summary.planned = summary.recorded["final"]
-    monkeypatch.setattr(ursa_ray.api, "run", lambda *args, **kwargs: summary)
+    monkeypatch.setattr(ursa_ray.api, "run_checked", lambda *args, **kwargs: summary)
     assert main(["run", _write(tmp_path, DIVERGING), "--out", str(tmp_path / "r")]) == code
     printed = capsys.readouterr()
     assert f"{len(summary.search_failed)} search trial(s) failed" in printed.out
@@ -163,6 +165,7 @@ BUDGETED = {
     "budget": {"epochs": 30, "batch_size": 64},
     # no n_trials: the budget alone ends the search (the first trial pays the worker's warm-up, 5-25 s here)
     "search": {"algorithm": "tpe", "scheduler": "asha", "cpu_seconds": 40, "metric": "val_nll", "max_concurrent": 1},
+    **LIGHT_EVALUATION,
 }
 
 
@@ -206,6 +209,7 @@ INTERRUPTED = {
     "resources": {"cpu": 1},
     "budget": {"epochs": 40, "batch_size": 64},  # a trial of a few seconds: Ctrl-C lands inside the next one
     "search": {"algorithm": "random", "n_trials": 3, "metric": "val_nll", "max_concurrent": 1},
+    **LIGHT_EVALUATION,
 }
 
 
@@ -332,17 +336,20 @@ def _start(callback, trial, started):
 def test_the_budget_counts_running_trials_at_their_own_requests():
     stopper = RunStopper(Interrupt(), lambda line: None, ComputeBudget(cpu_seconds=20.0, gpu_seconds=2.0))
     callback = _callback_without_results(stopper)
+    # the specs first: building one parses a grid, which may take seconds on a loaded machine, and the
+    # budget's clock is the wall clock from here on
+    specs = {"a": _search_spec(), "b": _search_spec(cpu=1), "c": _search_spec(gpu=0.5), "d": _search_spec()}
     now = time.time()
-    _start(callback, _fake_trial(_search_spec(), "a"), now - 6.0)  # running: 2 CPUs x 6 s = 12 reserved CPU-s
+    _start(callback, _fake_trial(specs["a"], "a"), now - 6.0)  # running: 2 CPUs x 6 s = 12 reserved CPU-s
     assert not stopper.stop_all()
-    _start(callback, _fake_trial(_search_spec(cpu=1), "b"), now - 4.0)  # 1 CPU x 4 s: 16 (not 2 x 4: 20)
+    _start(callback, _fake_trial(specs["b"], "b"), now - 4.0)  # 1 CPU x 4 s: 16 (not 2 x 4: 20)
     assert not stopper.stop_all() and callback.reserved(now)[0] == pytest.approx(16.0)
-    _start(callback, _fake_trial(_search_spec(gpu=0.5), "c"), now - 3.0)  # 2 CPUs x 3 s: 22; 0.5 GPU x 3 s: 1.5
+    _start(callback, _fake_trial(specs["c"], "c"), now - 3.0)  # 2 CPUs x 3 s: 22; 0.5 GPU x 3 s: 1.5
     assert callback.reserved(now) == pytest.approx((22.0, 1.5))
     assert stopper.stop_all() and stopper.reason == "budget"
     earlier = RunStopper(Interrupt(), lambda line: None, ComputeBudget(20.0, None, spent_before=(15.0, 0.0)))
     callback = _callback_without_results(earlier)
-    _start(callback, _fake_trial(_search_spec(), "d"), time.time() - 3.0)  # 15 from earlier runs + 6 running
+    _start(callback, _fake_trial(specs["d"], "d"), time.time() - 3.0)  # 15 from earlier runs + 6 running
     assert earlier.stop_all()
 
 
