@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ursa_ray import data, methods, models
+from ursa_ray import data, eval_sets, methods, models
 from ursa_ray.evaluation.corruptions import corrupt
 from ursa_ray.evaluation.precision import evaluation_precision, keep_output_layer_float32
 from ursa_ray.methods._training import autocast_dtype, default_precision
@@ -70,7 +70,7 @@ def corrupted_sets(
         return {}
     x, y = test[0][: settings["n_examples"]], test[1][: settings["n_examples"]]
     return {
-        f"corrupt:{kind}:{severity}": (corrupt(x, kind, severity, seed, ds.pixel_mean, ds.pixel_std), y)
+        eval_sets.corruption(kind, severity): (corrupt(x, kind, severity, seed, ds.pixel_mean, ds.pixel_std), y)
         for kind in settings["types"]
         for severity in settings["severities"]
     }

@@ -12,8 +12,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ursa_ray import data
-from ursa_ray.eval_sets import attack_set
+from ursa_ray import data, eval_sets
 from ursa_ray.evaluation.adversarial import (
     AdversarialExamples,
     AdversarialPredictives,
@@ -119,16 +118,16 @@ class WhiteBoxProbe(Probe):
         tick = time.perf_counter()
         spec, trial = self.trial.spec, self.trial
         self.scored = _attack(spec, trial.ds, self.attacked, trial.eval_sets["test"], trial.seeds["attack"])
-        reference = attack_set("pgd", reference_epsilon(spec["dataset"]))
+        reference = eval_sets.attack_set("pgd", reference_epsilon(spec["dataset"]))
         values = {
-            f"adv:{name}": table | ({"reference": float(name == reference)} if name != "clean" else {})
+            eval_sets.adversarial(name): table | ({"reference": float(name == reference)} if name != "clean" else {})
             for name, table in self.scored.metrics().items()
         }
         self.seconds += time.perf_counter() - tick
         return values
 
     def rows(self) -> dict[str, pd.DataFrame]:
-        return {} if self.scored is None else {f"adv:{n}": t for n, t in self.scored.tables().items()}
+        return {} if self.scored is None else {eval_sets.adversarial(n): t for n, t in self.scored.tables().items()}
 
 
 class TransferProbe(Probe):
@@ -154,10 +153,10 @@ class TransferProbe(Probe):
         )
 
     def compute(self) -> dict[str, dict[str, float]]:
-        return {} if self.attacked.n_kept == 0 else {f"transfer:{n}": t for n, t in self.scored.metrics().items()}
+        return {} if self.attacked.n_kept == 0 else {eval_sets.transfer(n): t for n, t in self.scored.metrics().items()}
 
     def rows(self) -> dict[str, pd.DataFrame]:
-        return {} if self.attacked.n_kept == 0 else {f"transfer:{n}": t for n, t in self.scored.tables().items()}
+        return {} if self.attacked.n_kept == 0 else {eval_sets.transfer(n): t for n, t in self.scored.tables().items()}
 
 
 def probes(context: ProbeContext) -> list[Probe]:

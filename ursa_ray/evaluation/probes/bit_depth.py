@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from ursa_ray import eval_sets
 from ursa_ray.evaluation.metrics import ood_metrics
 from ursa_ray.evaluation.predictions import prediction_table
 from ursa_ray.evaluation.predictive import ClassificationPredictive
@@ -27,7 +28,7 @@ class BitDepthProbe(Probe):
         trial = self.trial = context.trial
         self.context, self.schemes = context, schemes
         self.predictives = {
-            f"{name}@{scheme}": ClassificationPredictive(
+            eval_sets.bit_depth(name, scheme): ClassificationPredictive(
                 trial.eval_sets[name][0].shape[0], trial.ds.n_outputs, trial.device
             )
             for scheme in schemes
@@ -38,7 +39,7 @@ class BitDepthProbe(Probe):
         def evaluate_stored(scheme: str) -> None:
             for name in self.trial.full_precision_sets:
                 x = self.trial.eval_sets[name][0]
-                accumulate(self.predictives[f"{name}@{scheme}"], predictor, x, self.trial.precision)
+                accumulate(self.predictives[eval_sets.bit_depth(name, scheme)], predictor, x, self.trial.precision)
 
         evaluate_at_bit_depths(predictor, evaluate_stored, self.schemes)
 
@@ -46,10 +47,12 @@ class BitDepthProbe(Probe):
         ds, test_y = self.trial.ds, self.trial.eval_sets["test"][1]
         values = {}
         for scheme in self.schemes:
-            test = self.predictives[f"test@{scheme}"]
-            values[f"test@{scheme}"] = self.context.evaluate(ds, test, test_y, "test")
+            test = self.predictives[eval_sets.bit_depth("test", scheme)]
+            values[eval_sets.bit_depth("test", scheme)] = self.context.evaluate(ds, test, test_y, "test")
             for name in ds.ood:
-                values[f"{name}@{scheme}"] = ood_metrics(test, self.predictives[f"{name}@{scheme}"])
+                values[eval_sets.bit_depth(name, scheme)] = ood_metrics(
+                    test, self.predictives[eval_sets.bit_depth(name, scheme)]
+                )
         return values
 
     def rows(self) -> dict[str, pd.DataFrame]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ursa_ray import data, reference
+from ursa_ray import data, eval_sets, reference
 from ursa_ray.evaluation.probes.base import Probe, ProbeContext
 from ursa_ray.results import Location
 
@@ -22,7 +22,9 @@ def _fidelity(
     if not stored.exists():
         return {}
     ref = reference.read_reference(stored)
-    return {f"fidelity:{name}": ref.metrics(name, accumulators[name]) for name in ref.pooled if name in accumulators}
+    return {
+        eval_sets.fidelity(name): ref.metrics(name, accumulators[name]) for name in ref.pooled if name in accumulators
+    }
 
 
 class FidelityProbe(Probe):
