@@ -89,8 +89,12 @@ def test_results_directory_writes_whole_objects_only(s3):
     uri = f"s3://{BUCKET}/unit/results?{s3}"
     results = ResultsDirectory(uri)
     assert results.trials().empty and results.finished_ids() == set()
-    results.add({"trial_id": "t1", "status": "ok"}, [{"trial_id": "t1", "metric": "nll", "value": 0.5}])
-    results.add({"trial_id": "t1", "status": "ok"}, [{"trial_id": "t1", "metric": "nll", "value": 0.4}])  # replaces
+    results.add(
+        {"trial_id": "t1", "status": "ok"}, [{"trial_id": "t1", "eval_set": "test", "metric": "nll", "value": 0.5}]
+    )
+    results.add(
+        {"trial_id": "t1", "status": "ok"}, [{"trial_id": "t1", "eval_set": "test", "metric": "nll", "value": 0.4}]
+    )  # replaces
     results.add({"trial_id": "t2", "status": "failed"})
     # one part per trial and table, no temporary or partial objects
     assert _keys(results.location) == [
