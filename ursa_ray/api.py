@@ -15,6 +15,7 @@ so both give the same tables for the same grid.
 from __future__ import annotations
 
 import multiprocessing
+import sys
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -53,10 +54,13 @@ def check(grid: str | Path | Mapping[str, Any] | Grid) -> Grid:
     (:func:`check_data`) and every trial's hyperparameters (its final specs, built here and kept with the grid);
     :class:`GridError` otherwise.
 
-    It runs in a short-lived forked child process (where the platform forks), which imports the method, model
-    and dataset registries, and with them torch; this process gets the checked grid back and never imports
-    torch: a run's Tune driver stays ~480 MB smaller (docs/performance.md, "Driver memory per trial")."""
-    if "fork" not in multiprocessing.get_all_start_methods():
+    Where the platform forks and this process has not imported torch (``ursa-ray run``), it runs in a
+    short-lived forked child process, which imports the method, model and dataset registries, and with them
+    torch; this process gets the checked grid back and never imports torch: a run's Tune driver stays ~480 MB
+    smaller (docs/performance.md, "Driver memory per trial")."""
+    if "fork" not in multiprocessing.get_all_start_methods() or "torch" in sys.modules:
+        # nothing to save where torch is already imported, and forking a process whose torch thread pools ran
+        # deadlocks the child in its first parallel torch operation (a test session, a notebook)
         return _checked(grid)
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as child:
         return child.submit(_checked, grid).result()
