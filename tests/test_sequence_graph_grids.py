@@ -98,7 +98,7 @@ def test_every_method_runs_end_to_end(method, model):
         assert not any(s.startswith(("adv:", "corrupt:", "transfer:")) for s in sets)  # no pixels: skipped
         assert values["cost", "n_params"] > 0 and values["cost", "forward_flops"] > 0
         # seeds of a Linear-only RNN train as one batched computation; the GCN's graph buffers run one a trial
-        batched = hasattr(methods.get_method(method), "sample_posterior_batched") and model != "gcn"
+        batched = methods.get_method(method).batchable and model != "gcn"
         assert outcome.record["seeds_in_trial"] == (2 if batched else 1)
 
 
