@@ -67,9 +67,19 @@ def test_a_subclass_inherits_every_default():
     assert method.batched_copies({"n_samples": 3}, model) == 1
     assert method.posterior_storage(model, {}, 3) == StorageCount(weights=3 * n_parameters(model))
     assert method.warm_up(torch.device("cpu")) is None
-    with pytest.raises(NotImplementedError, match="'smallest' has no batched stream"):
-        method.sample_posterior_batched([problem], {"n_samples": 3}, [{}])
+    assert method.sample_posterior_batched is None  # no batched stream: declared, not a stub that raises
     assert as_method(method) is method
+
+
+def test_a_subclass_without_a_sample_stream_is_refused_when_made():
+    """sample_posterior is the one abstract method: a subclass that forgets it fails at construction, naming it
+    (fails if the base class gives it a default)."""
+
+    class NoStream(Method):
+        name, description, hyperparameters = "no_stream", "forgets its stream", ()
+
+    with pytest.raises(TypeError, match="sample_posterior"):
+        NoStream()
 
 
 def test_batchable_is_declared_by_overriding_the_batched_stream():

@@ -91,8 +91,7 @@ def warm_up_worker(device: torch.device) -> float:
     predictive.update(predict(model, x))
     classification_metrics(predictive, y.cpu().numpy())
     for method in methods.registry().values():
-        if hasattr(method, "warm_up"):
-            method.warm_up(device)
+        method.warm_up(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start

@@ -14,6 +14,7 @@ they land in ``trials.parquet``.
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ import torch
 from torch import Tensor, nn
 
 Predictor = nn.Module
+BatchedStream = Callable[..., Iterator[list[Predictor]]]
+"""``(problems, config, stats) -> Iterator[list[Predictor]]``: :attr:`Method.sample_posterior_batched`."""
 """A network whose current parameters (or, for dropout methods, its stochastic forward pass) are the sample:
 maps an input batch to network outputs; valid only until the next sample is requested.  The evaluator also
 reads its structure (test-time FLOPs) and briefly stores its weights at lower bit depths."""
@@ -272,7 +275,7 @@ class SamplePlan:
         return self.per_chain * self.n_chains
 
 
-class Method:
+class Method(abc.ABC):
     """An approximate-inference method: a name, its hyperparameters, the constraints between them and a
     sample stream, with a default for everything but the stream (as laplace-torch's ``BaseLaplace`` gives
     its subclasses theirs).
@@ -284,7 +287,7 @@ class Method:
     - ``tasks``: the dataset tasks it supports ("classification", "regression"); None (the default) for every
       task.  Grid validation refuses any other.
     - :meth:`sample_plan`: the shape of the stream, S = ``n_samples`` per chain of C = ``n_chains``.
-    - :meth:`sample_posterior_batched` and :meth:`batched_copies`: the streams of several seeds as one
+    - :attr:`sample_posterior_batched` and :meth:`batched_copies`: the streams of several seeds as one
       batched computation, and its memory rule; :attr:`batchable` says whether the subclass has one.
     - ``chains_in_turn_when_unbatchable``: how the stream pools its chains on a network that cannot be
       batched.
@@ -305,32 +308,30 @@ class Method:
     yields its chains one after another (chain 1's S samples, then chain 2's, ...) rather than interleaved
     (at each sampling step chain 1's sample, then chain 2's, ...: every batched stream, and the default)."""
 
+    @abc.abstractmethod
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]
     ) -> Iterator[Predictor]:
         """Yield the :meth:`sample_plan`'s C·S posterior samples as predictors, each valid until the next
-        is asked for; counters worth recording go into ``stats``."""
-        raise NotImplementedError(f"method {self.name!r} has no sample_posterior")
+        is asked for; counters worth recording go into ``stats``.  The one thing every method writes."""
 
     def sample_plan(self, config: Mapping[str, Any], problem: Problem) -> SamplePlan:
         """The shape of :meth:`sample_posterior`'s stream for ``config`` on ``problem``: S = ``n_samples``
         (1 where the method declares none: a point estimate), C = ``n_chains`` (1 where none)."""
         return SamplePlan(int(config.get("n_samples", 1)), int(config.get("n_chains", 1)))
 
+    sample_posterior_batched: BatchedStream | None = None
+    """None (the default), or ``sample_posterior_batched(problems, config, stats)``: the streams of several
+    problems (seeds of one grid cell: same N, same configuration, a batchable network) as one batched
+    computation (:mod:`ursa_ray.methods.batched`); each item holds one predictor per problem, the s-th sample
+    of each problem's stream, and each stream must be what :meth:`sample_posterior` would give that problem
+    (up to float order, or in distribution where it draws from torch's global generator).  A subclass with
+    one defines it as a method."""
+
     @property
     def batchable(self) -> bool:
-        """Whether the method has a batched stream: its class overrides :meth:`sample_posterior_batched`."""
-        return type(self).sample_posterior_batched is not Method.sample_posterior_batched
-
-    def sample_posterior_batched(
-        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
-    ) -> Iterator[list[Predictor]]:
-        """The streams of several problems (seeds of one grid cell: same N, same configuration, a batchable
-        network) as one batched computation (:mod:`ursa_ray.methods.batched`); each item holds one
-        predictor per problem, the s-th sample of each problem's stream, and each stream must be what
-        :meth:`sample_posterior` would give that problem (up to float order, or in distribution where it
-        draws from torch's global generator).  None by default (:attr:`batchable` False)."""
-        raise NotImplementedError(f"method {self.name!r} has no batched stream")
+        """Whether the method has a batched stream (:attr:`sample_posterior_batched` is not None)."""
+        return self.sample_posterior_batched is not None
 
     def batched_copies(self, config: Mapping[str, Any], model: nn.Module) -> int:
         """The memory rule of the batched run: one problem's share, in networks' training state (the unit of
@@ -346,6 +347,7 @@ class Method:
     def warm_up(self, device: torch.device) -> None:
         """Pay the method's one-off costs in a fresh worker (compiling kernels) before any timed trial;
         :func:`ursa_ray.trial.warm_up_worker` calls it once per worker process.  Nothing by default."""
+        return None
 
 
 class EarlierProtocolMethod(Method):
@@ -392,15 +394,8 @@ class EarlierProtocolMethod(Method):
         return own(config, problem) if own is not None else super().sample_plan(config, problem)
 
     @property
-    def batchable(self) -> bool:
-        return hasattr(self.item, "sample_posterior_batched")
-
-    def sample_posterior_batched(
-        self, problems: Sequence[Problem], config: Mapping[str, Any], stats: Sequence[dict[str, float]]
-    ) -> Iterator[list[Predictor]]:
-        if not self.batchable:
-            return super().sample_posterior_batched(problems, config, stats)
-        return self.item.sample_posterior_batched(problems, config, stats)
+    def sample_posterior_batched(self) -> BatchedStream | None:  # type: ignore[override]
+        return getattr(self.item, "sample_posterior_batched", None)
 
     def batched_copies(self, config: Mapping[str, Any], model: nn.Module) -> int:
         own = getattr(self.item, "batched_copies", None)
