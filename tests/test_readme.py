@@ -1,4 +1,5 @@
-"""README's example grid is a grid `ursa-ray validate` accepts (with the data file it names)."""
+"""README's example grid is a grid `ursa-ray validate` accepts (with the data file it names), and CI runs the test
+command README gives a new user."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 from ursa_ray.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+CI = README.parent / ".ci" / "run"
 
 
 def test_readme_example_grid_validates(tmp_path, capsys):
@@ -26,3 +28,12 @@ def test_readme_example_grid_validates(tmp_path, capsys):
     (tmp_path / "grid.yaml").write_text(block)
     assert main(["validate", str(tmp_path / "grid.yaml")]) == 0, capsys.readouterr().err
     assert "valid: 2 methods x 1 models x 3 datasets" in capsys.readouterr().out
+
+
+def test_ci_runs_the_readme_test_command():
+    """.ci/run's one command is README's second set-up block, word for word (fails if either drifts)."""
+    readme_blocks = re.findall(r"```bash\n(.*?)\n```", README.read_text(), re.S)
+    ci_commands = [
+        line for line in CI.read_text().splitlines() if line.strip() and not line.startswith(("#", "set ", "cd "))
+    ]
+    assert ci_commands == [readme_blocks[1].strip()]
