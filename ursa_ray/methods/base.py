@@ -24,11 +24,12 @@ import torch
 from torch import Tensor, nn
 
 Predictor = nn.Module
-BatchedStream = Callable[..., Iterator[list[Predictor]]]
-"""``(problems, config, stats) -> Iterator[list[Predictor]]``: :attr:`Method.sample_posterior_batched`."""
 """A network whose current parameters (or, for dropout methods, its stochastic forward pass) are the sample:
 maps an input batch to network outputs; valid only until the next sample is requested.  The evaluator also
 reads its structure (test-time FLOPs) and briefly stores its weights at lower bit depths."""
+
+BatchedStream = Callable[..., Iterator[list[Predictor]]]
+"""``(problems, config, stats) -> Iterator[list[Predictor]]``: :attr:`Method.sample_posterior_batched`."""
 
 
 Reduction = Literal["mean", "sum"]

@@ -27,8 +27,8 @@ class BitDepthProbe(Probe):
         super().__init__()
         trial = self.trial = context.trial
         self.context, self.schemes = context, schemes
-        self.predictives = {
-            eval_sets.bit_depth(name, scheme): ClassificationPredictive(
+        self.predictives = {  # by (set, scheme); named SET@SCHEME (eval_sets.bit_depth) only in the tables
+            (name, scheme): ClassificationPredictive(
                 trial.eval_sets[name][0].shape[0], trial.ds.n_outputs, trial.device
             )
             for scheme in schemes
@@ -39,7 +39,7 @@ class BitDepthProbe(Probe):
         def evaluate_stored(scheme: str) -> None:
             for name in self.trial.full_precision_sets:
                 x = self.trial.eval_sets[name][0]
-                accumulate(self.predictives[eval_sets.bit_depth(name, scheme)], predictor, x, self.trial.precision)
+                accumulate(self.predictives[name, scheme], predictor, x, self.trial.precision)
 
         evaluate_at_bit_depths(predictor, evaluate_stored, self.schemes)
 
@@ -47,20 +47,17 @@ class BitDepthProbe(Probe):
         ds, test_y = self.trial.ds, self.trial.eval_sets["test"][1]
         values = {}
         for scheme in self.schemes:
-            test = self.predictives[eval_sets.bit_depth("test", scheme)]
+            test = self.predictives["test", scheme]
             values[eval_sets.bit_depth("test", scheme)] = self.context.evaluate(ds, test, test_y, "test")
             for name in ds.ood:
-                values[eval_sets.bit_depth(name, scheme)] = ood_metrics(
-                    test, self.predictives[eval_sets.bit_depth(name, scheme)]
-                )
+                values[eval_sets.bit_depth(name, scheme)] = ood_metrics(test, self.predictives[name, scheme])
         return values
 
     def rows(self) -> dict[str, pd.DataFrame]:
-        labels = {name: y for name, (_, y) in self.trial.eval_sets.items()}
         return {
-            name: prediction_table(acc, None if y is None else y.numpy())
-            for name, acc in self.predictives.items()
-            for y in [labels[name.split("@")[0]]]
+            eval_sets.bit_depth(name, scheme): prediction_table(acc, None if y is None else y.numpy())
+            for (name, scheme), acc in self.predictives.items()
+            for y in [self.trial.eval_sets[name][1]]
         }
 
 

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from ursa_ray import eval_sets
 from ursa_ray.evaluation.probes.base import Probe, ProbeContext
 from ursa_ray.evaluation.probes.in_domain import LabelledSetsProbe
 
 
 def probes(context: ProbeContext) -> list[Probe]:
     """One probe over the trial's corrupted sets, none when it has none."""
-    names = [n for n in context.trial.eval_sets if n.startswith("corrupt:")]
+    names = [n for n in context.trial.eval_sets if eval_sets.eval_kind(n) == "corruption"]
     return [LabelledSetsProbe(context, names)] if names else []
