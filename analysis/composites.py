@@ -74,7 +74,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ursa_ray.eval_sets import EvalKind, kinds_by_name, parse
+from ursa_ray.eval_sets import EvalKind, parse
+from ursa_ray.results import with_eval_kinds
 
 COMPOSITES: dict[str, tuple[EvalKind, str, bool]] = {
     # name: (eval-set kind, metric, higher is better)
@@ -110,15 +111,6 @@ REFERENCE_FLAGGED = {"adv_accuracy"}
 AT_SEVERITY = {"corrupt_accuracy_s3": 3, "corrupt_ece_s3": 3}
 """Composites of the corruption sets at one severity."""
 CELL_KEYS = ["model", "dataset", "eval_set"]
-
-
-def with_eval_kinds(metrics: pd.DataFrame) -> pd.DataFrame:
-    """``metrics`` with an ``eval_kind`` in every row: read from results it has one (written with the row, or
-    derived when read: :meth:`ursa_ray.results.ResultsDirectory.read`); a frame built otherwise gets
-    :func:`ursa_ray.eval_sets.eval_kind` of each ``eval_set`` (which refuses a name outside the grammar)."""
-    if "eval_kind" in metrics and metrics["eval_kind"].notna().all():
-        return metrics
-    return metrics.assign(eval_kind=metrics["eval_set"].map(kinds_by_name(metrics["eval_set"].unique())))
 
 
 def final_metrics(metrics: pd.DataFrame, trials: pd.DataFrame, task: str | None = "classification") -> pd.DataFrame:

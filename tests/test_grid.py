@@ -149,14 +149,6 @@ BAD = [
 ]
 
 
-def test_the_grids_budget_keys_are_the_methods():
-    """grid.py names the budget keys without importing methods.base (torch); they must stay the same."""
-    from ursa_ray import grid
-    from ursa_ray.methods.base import BUDGET_KEYS
-
-    assert grid.BUDGET_KEYS == BUDGET_KEYS
-
-
 def test_final_specs_are_built_once_and_handed_out_as_new_lists():
     """The driver reads the final specs a checked grid kept (it has no registries); a caller changing its list
     changes no other caller's, and the search phase's overrides are never served from the kept specs."""

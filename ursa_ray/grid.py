@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 # with its final specs built (:meth:`Grid.trial_specs`), runs without torch (docs/performance.md, "Driver memory
 # per trial").
 BUDGET_KEYS = ("epochs", "n_samples", "batch_size")
-"""The keys of the grid's ``budget`` block (:data:`ursa_ray.methods.base.BUDGET_KEYS`, which a test holds equal)."""
+"""The keys of the grid's ``budget`` block: hyperparameters it sets for every method that declares them."""
 
 DEFAULT_VECTORIZE_SEEDS = 8
 """Seeds per batched trial when a grid does not say (see :meth:`Grid.vectorized_seeds`)."""

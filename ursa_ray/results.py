@@ -100,6 +100,18 @@ def with_eval_kind(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [row if row.get("eval_kind") else {**row, "eval_kind": kinds[row["eval_set"]]} for row in rows]
 
 
+def with_eval_kinds(metrics: pd.DataFrame) -> pd.DataFrame:
+    """A frame of metric rows with an ``eval_kind`` in every row: rows without one (written before the column,
+    or built by hand) get :func:`ursa_ray.eval_sets.eval_kind` of their ``eval_set`` (which refuses a name
+    outside the grammar)."""
+    kinds = metrics["eval_kind"] if "eval_kind" in metrics else pd.Series(None, index=metrics.index, dtype=object)
+    missing = kinds.isna()
+    if not missing.any():
+        return metrics
+    names = metrics.loc[missing, "eval_set"]
+    return metrics.assign(eval_kind=kinds.mask(missing, names.map(kinds_by_name(names.unique()))))
+
+
 def metric_key(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The columns of a metrics.parquet row (:data:`METRIC_SCHEMA`) that name its trial, from the trial's spec
     (``method`` is the method's label); a row adds its evaluation set, metric and value."""
@@ -370,10 +382,8 @@ class ResultsDirectory:
         if not folder.exists():
             return SCHEMAS[name].empty_table().select(columns or SCHEMAS[name].names).to_pandas()
         frame = pa.concat_tables(_batches(folder, name, columns)).to_pandas()
-        if name == "metrics" and {"eval_set", "eval_kind"} <= set(frame) and frame["eval_kind"].isna().any():
-            older = frame["eval_kind"].isna()
-            names = frame.loc[older, "eval_set"]
-            frame.loc[older, "eval_kind"] = names.map(kinds_by_name(names.unique()))
+        if name == "metrics" and {"eval_set", "eval_kind"} <= set(frame):
+            return with_eval_kinds(frame)
         return frame
 
     def trials(self) -> pd.DataFrame:

@@ -438,10 +438,6 @@ def batched_passes(
         yield models
 
 
-BUDGET_KEYS = ("epochs", "n_samples", "batch_size")
-"""Hyperparameters a grid's ``budget`` block may set for every method that declares them."""
-
-
 def resolve_config(method: Method, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Defaults of ``method`` updated with ``overrides``; each value checked, unknown names rejected."""
     declared = {h.name: h for h in method.hyperparameters}
