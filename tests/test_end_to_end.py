@@ -13,6 +13,7 @@ import time
 import pandas as pd
 import pytest
 import yaml
+from light_evaluation import LIGHT_EVALUATION  # quicker trials: no corruption sets or bit depths, one small attack
 
 from ursa_ray.cli import main
 from ursa_ray.grid import parse_grid
@@ -282,7 +283,8 @@ def test_report_writes_markdown(tiny_run, capsys):
 
 
 def test_resume_reruns_only_missing_trials(ray_session, tmp_path):
-    grid = dict(TINY, methods=TINY["methods"][:1], datasets=["digits"], seeds=[0, 1, 2])
+    # which trials rerun is the claim, not what they score: the light evaluation
+    grid = dict(TINY, methods=TINY["methods"][:1], datasets=["digits"], seeds=[0, 1, 2], **LIGHT_EVALUATION)
     grid_file = tmp_path / "resume.yaml"
     grid_file.write_text(yaml.safe_dump(grid))
     out = tmp_path / "results"
