@@ -17,6 +17,11 @@ rotated every repeat).  Printed: the ratio of best times and the median of the p
   ``bd`` entry at complexity 2, 150 epochs) as one batched trial (``run_trials_batched``) against 50
   ``run_trial`` calls: whole-trial CPU time (setup, training, evaluation of every posterior sample, metrics,
   points rows), and each side split into those phases.  Target ≥ 5× (issue 26, item 13b).
+* The same through ``ursa-ray run`` (``--through-run``): that comparison as two grids run by the command a
+  user runs (``vectorize_seeds: 50`` against one trial a seed, 2 one-CPU slots), in alternating order: the
+  trials' CPU seconds (``cpu_s`` summed over trials.parquet: what the workers measured), the reserved
+  CPU-seconds (``reserved_cpu_s``: Tune trial wall × CPUs, what a user pays for the slots) and the
+  command's wall time.  Target ≥ 5× (issue 26, item 13b).
 * The regression grid end to end (``--grid SLICE_DIR``): the results of one complete slice of
   grids/regression.yaml (every method, E.1 at complexity 2, 50 repetitions batched, run by ``ursa-ray run``)
   give each method's batched CPU seconds per seed; the same trials run alone here give the unbatched
@@ -25,6 +30,7 @@ rotated every repeat).  Printed: the ratio of best times and the median of the p
     python benchmarks/bench_vectorised.py [--quick]
     python benchmarks/bench_vectorised.py --skip-ratios --seeds swag,swa,pca_ess,laplace,bdk,gped
     python benchmarks/bench_vectorised.py --skip-ratios --end-to-end             # ~4 CPU-minutes
+    python benchmarks/bench_vectorised.py --skip-ratios --through-run            # ~15 min on 2 cores
     ursa-ray run grids/regression_e1_slice.yaml --out results/e1_slice    # ~40 min on 2 cores
     python benchmarks/bench_vectorised.py --grid results/e1_slice --skip-ratios
 """
@@ -231,6 +237,60 @@ def end_to_end_comparison(seeds: int, epochs: int, repeats: int) -> None:
         )
 
 
+THROUGH_RUN_GRID = """\
+name: bench_through_run_{name}
+methods:
+  - {{name: mc_dropout, label: bd, models: [mlp],
+     hyperparameters: {{p: 0.05, lr: 1.0e-4, momentum: 0.9, weight_decay: 1.0e-4, schedule: cosine}}}}
+models:
+  - {{name: mlp, options: {{widths: [100, 100, 100]}}}}
+datasets:
+  - {{name: e1, complexity: [2]}}
+seeds: {seeds}
+resources: {{cpu: 1, gpu: 0}}
+vectorize_seeds: {vectorize}
+budget: {{epochs: {epochs}, n_samples: 50, batch_size: 32}}
+save_predictions: false
+"""
+
+
+def through_run_comparison(seeds: int, epochs: int, repeats: int) -> None:
+    """:func:`end_to_end_comparison`'s two sides as grids run by ``ursa-ray run`` (grids/regression.yaml's
+    ``bd`` at complexity 2, ``epochs`` epochs, 50 samples a seed), ``repeats`` times each in alternating
+    order, every run into a fresh results directory.  Printed per run and as ratios (lone ÷ batched, best and
+    median of the per-repeat ratios): Σ ``cpu_s``, Σ ``reserved_cpu_s`` and the command's wall seconds."""
+    import subprocess
+    import tempfile
+
+    import pandas as pd
+
+    totals: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="through_run") as tmp:
+        for repeat in range(repeats):
+            order = ("alone", "batched") if repeat % 2 == 0 else ("batched", "alone")
+            for name in order:
+                grid = Path(tmp) / f"{name}.yaml"
+                vectorize = seeds if name == "batched" else 1
+                grid.write_text(THROUGH_RUN_GRID.format(name=name, seeds=seeds, vectorize=vectorize, epochs=epochs))
+                out = Path(tmp) / f"{name}_{repeat}"
+                started = time.perf_counter()
+                subprocess.run(
+                    ["ursa-ray", "run", str(grid), "--out", str(out), "--progress", "log"],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
+                wall = time.perf_counter() - started
+                trials = pd.read_parquet(out / "trials.parquet")
+                assert (trials["status"] == "ok").all() and len(trials) == seeds, trials[["status", "error"]]
+                run = {"cpu_s": trials["cpu_s"].sum(), "reserved_cpu_s": trials["reserved_cpu_s"].sum(), "wall_s": wall}
+                for key, value in run.items():
+                    totals.setdefault(name, {}).setdefault(key, []).append(float(value))
+                print(f"  run {repeat} {name:8s} " + ", ".join(f"{k} {v:8.1f}" for k, v in run.items()), flush=True)
+    print(f"through ursa-ray run: E.1 bd, {seeds} seeds × {epochs} epochs, lone ÷ batched (best, median of repeats):")
+    for key in ("cpu_s", "reserved_cpu_s", "wall_s"):
+        print(ratio_line(f"Σ {key}", totals["alone"][key], totals["batched"][key], "≥ 5"))
+
+
 def grid_projection(slice_dir: str, alone_seeds: int) -> None:
     """The regression grid's CPU-hours alone and batched, from measured full-length per-trial costs.
 
@@ -303,6 +363,11 @@ def main() -> None:
         help="also compare 50 E.1 bd seeds as one batched trial against 50 lone trials, whole trials "
         "(--quick: 8 seeds × 20 epochs)",
     )
+    parser.add_argument(
+        "--through-run",
+        action="store_true",
+        help="also compare them through ursa-ray run: two grids, alternating (--quick: 8 seeds × 20 epochs)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)  # as the trials run (ursa_ray/tune/trainable.py)
@@ -315,6 +380,8 @@ def main() -> None:
         seeds_comparison(8, repeats, args.seeds.split(","))
     if args.end_to_end:
         end_to_end_comparison(8 if args.quick else 50, 20 if args.quick else 150, 1 if args.quick else 2)
+    if args.through_run:
+        through_run_comparison(8 if args.quick else 50, 20 if args.quick else 150, 2 if args.quick else 3)
     if args.grid:
         grid_projection(args.grid, args.alone_seeds)
 
