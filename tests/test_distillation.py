@@ -115,6 +115,7 @@ def test_the_student_matches_a_fixed_teachers_predictive(name):
         assert mean_kl(teacher_expectations(test_x)[0], torch.softmax(untrained(test_x), -1).double()) > 10 * KL_TEST
 
 
+@pytest.mark.slow
 def test_gped_head_ranks_inputs_like_the_teachers_expected_entropy_and_hands_over_mutual_information():
     """The distilled mutual information ranks the test inputs as the teacher's does.  Measured: Spearman 0.75,
     no input clipped to MI 0.  With h a free softplus head (the old parameterisation) h and the student's

@@ -1,7 +1,7 @@
 """A method's measured cost does not depend on whether it ran first in a fresh worker process.
 
 Each order runs in a fresh Python process that warms up (:func:`ursa_ray.trial.warm_up_worker`, as every
-Ray worker does before its first trial) and then runs the same two trials; each trial's CPU time (``cpu_s``: process CPU seconds, which other load on the
+Ray worker does before its first trial and before its first trial of each method) and then runs the same two trials; each trial's CPU time (``cpu_s``: process CPU seconds, which other load on the
 machine does not inflate as it does wall time) must agree across the two orders within noise (a factor
 of 2 plus 0.15 s).  Without the warm-up, the first trial in a process pays torch's first calls: about
 1.3 s against 0.3 s for SGD here."""
@@ -13,8 +13,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-pytestmark = pytest.mark.slow  # starts fresh Python processes: not in the fast tier (-m "not slow")
+from ursa_ray import methods, trial
 
 SCRIPT = """
 import json, sys, time, torch
@@ -26,8 +27,9 @@ grid = {"name": "order", "models": [{"name": "mlp", "options": {"widths": [200, 
                     {"name": "sgld", "hyperparameters": {"lr": 0.1, "burn_in_epochs": 5}}]}
 specs = {s["method"]: s for s in parse_grid(grid, "order.yaml").trial_specs()}
 torch.set_num_threads(1)
-setup = warm_up_worker(pick_device(0))
-def cpu_s(spec):  # as the Tune worker measures a trial (ursa_ray.tune.trainable): process CPU seconds around it
+setup = warm_up_worker(pick_device(0), [])
+def cpu_s(spec):  # as the Tune worker measures a trial (ursa_ray.tune.trainable): process CPU seconds around it,
+    warm_up_worker(pick_device(0), [spec["method"]])  # after the method's warm-up
     started = time.process_time()
     run_trial(spec)
     return time.process_time() - started
@@ -52,9 +54,33 @@ def _costs(*orders: str) -> list[dict[str, float]]:
     return costs
 
 
+@pytest.mark.slow  # starts fresh Python processes: not in the fast tier (-m "not slow")
 def test_order_of_methods_does_not_change_their_measured_cost():
     sgd_first, sgd_second = _costs("sgd,sgld", "sgld,sgd")
     assert sgd_first["setup"] > 0 and sgd_second["setup"] > 0
     for method in ("sgd", "sgld"):
         a, b = sgd_first[method], sgd_second[method]
         assert max(a, b) <= 2 * min(a, b) + 0.15, (method, sgd_first, sgd_second)
+
+
+def test_a_worker_warms_up_once_and_each_method_the_first_time_it_runs_it(monkeypatch):
+    """The process's warm-up runs on the first call, a method's on the first trial of that method, nothing
+    twice (0.0 s then), and a method the worker never runs is never warmed (csghmc's kernels and ArviZ,
+    laplace-torch and torchvision: seconds a worker paid whatever it ran, when every registered method
+    warmed up with the process)."""
+    warmed: list[str] = []
+
+    class Counting:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def warm_up(self, device: torch.device) -> None:
+            warmed.append(self.name)
+
+    monkeypatch.setattr(trial, "_warmed_up", set())
+    monkeypatch.setattr(methods, "get_method", Counting)
+    cpu = torch.device("cpu")
+    assert trial.warm_up_worker(cpu, ["sgd"]) > 0 and warmed == ["sgd"]
+    assert trial.warm_up_worker(cpu, ["sgd"]) == 0.0 and warmed == ["sgd"]
+    assert trial.warm_up_worker(cpu, ["sgld", "sgd"]) > 0 and warmed == ["sgd", "sgld"]
+    assert trial._warmed_up == {("", cpu), ("sgd", cpu), ("sgld", cpu)}

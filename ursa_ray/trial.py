@@ -13,7 +13,7 @@ import functools
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,15 +69,38 @@ def chains_in_turn(method: Method, probe: torch.nn.Module, problem: Problem) -> 
     return as_method(method).chains_in_turn_when_unbatchable and not batched.can_batch(probe, problem)
 
 
-def warm_up_worker(device: torch.device) -> float:
-    """Pay a fresh worker process's one-off costs before any timed trial; returns the seconds spent.
+_warmed_up: set[tuple[str, torch.device]] = set()
+"""What this process has paid its one-off costs for (:func:`warm_up_worker`): ("", device) for the process
+itself, (method name, device) for each method."""
 
-    torch's first calls (thread pool, autograd, the optimiser, the device's context), the evaluation path
-    (accumulator and scikit-learn metrics) and every method's compiled kernels (``warm_up(device)``, where
-    a method declares one).  The trial runner calls it once per worker and records the time in its own
-    column, ``worker_setup_s``, so that no method's cost depends on whether it ran first in a worker.
+
+def warm_up_worker(device: torch.device, method_names: Iterable[str]) -> float:
+    """Pay a worker process's one-off costs before a timed trial of ``method_names``; returns the seconds
+    spent (0 when the process has paid them all before).
+
+    The process's own on its first call: torch's first calls (thread pool, autograd, the optimiser, the
+    device's context) and the evaluation path (accumulator and scikit-learn metrics).  Each method's
+    (:meth:`~ursa_ray.methods.base.Method.warm_up`: compiled kernels, packages it imports lazily) the first
+    time the process runs that method, so that a worker that never runs a method never pays for it.  The
+    trial runner calls it before every trial and records the time in its own column, ``worker_setup_s``, so
+    that no method's cost depends on whether it ran first in a worker.
     """
     start = time.perf_counter()
+    due = [name for name in ("", *method_names) if (name, device) not in _warmed_up]
+    for name in due:
+        if name:
+            methods.get_method(name).warm_up(device)
+        else:
+            _warm_up_process(device)
+        _warmed_up.add((name, device))
+    if not due:
+        return 0.0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def _warm_up_process(device: torch.device) -> None:
     model = torch.nn.Sequential(
         torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(16, 3)
     ).to(device)
@@ -90,11 +113,6 @@ def warm_up_worker(device: torch.device) -> float:
     predictive = ClassificationPredictive(32, 3, device)
     predictive.update(predict(model, x))
     classification_metrics(predictive, y.cpu().numpy())
-    for method in methods.registry().values():
-        method.warm_up(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
 
 
 def _sample_plan(trial: PreparedTrial) -> tuple[int, int, bool]:

@@ -347,7 +347,8 @@ class Method(abc.ABC):
 
     def warm_up(self, device: torch.device) -> None:
         """Pay the method's one-off costs in a fresh worker (compiling kernels) before any timed trial;
-        :func:`ursa_ray.trial.warm_up_worker` calls it once per worker process.  Nothing by default."""
+        :func:`ursa_ray.trial.warm_up_worker` calls it the first time a worker process runs the method.  Nothing
+        by default."""
         return None
 
 

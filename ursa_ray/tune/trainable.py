@@ -11,9 +11,10 @@ with its CPU seconds split evenly over them: this process measures ``cpu_s``, th
 :func:`ursa_ray.results.trial_row`, says how many shared it in ``seeds_in_trial``); its checkpoint holds one
 folder per seed, ``0/``, ``1/``, ...
 
-The first trial a worker process runs warms the process up first (:func:`ursa_ray.trial.warm_up_worker`)
-and records that time as ``worker_setup_s`` (0 on later trials of the same worker); the trial's own
-timings (``cpu_s``, ``train_s``, ``s_per_sample``) start after it.
+The first trial a worker process runs warms the process up first, and the first of each method that
+method's own one-off costs (:func:`ursa_ray.trial.warm_up_worker`); the trial records that time as
+``worker_setup_s`` (0 when the worker had paid it all before); the trial's own timings (``cpu_s``,
+``train_s``, ``s_per_sample``) start after it.
 """
 
 from __future__ import annotations
@@ -30,9 +31,6 @@ from typing import Any
 
 import ray
 from ray import tune
-
-_worker_warm = False
-"""Whether this worker process has paid its one-off costs (:func:`ursa_ray.trial.warm_up_worker`)."""
 
 
 def request(resources: Mapping[str, Any]) -> dict[str, float]:
@@ -86,17 +84,14 @@ def run_ursa_trial(param: dict[str, Any]) -> None:
 
     from ursa_ray.trial import pick_device, warm_up_worker
 
-    global _worker_warm
     specs = config_specs(param, tune.get_context().get_trial_id())
     torch.set_num_threads(max(1, int(specs[0]["resources"]["cpu"])))
     # subnormal floats (Adam's second moments of weights whose gradients vanish, for one) are up to 100×
     # slower on x86 CPUs: flushing them to zero made variational dropout's 1,000-epoch regression trials
     # ~1.5× faster and changes no metric beyond float noise (docs/performance.md)
     torch.set_flush_denormal(True)
-    worker_setup_s = 0.0
-    if not _worker_warm:  # the first trial in this process: warm up before anything is timed
-        worker_setup_s = warm_up_worker(pick_device(specs[0]["resources"]["gpu"]))
-        _worker_warm = True
+    # the process's first trial, and its first of this method, warm up before anything is timed
+    worker_setup_s = warm_up_worker(pick_device(specs[0]["resources"]["gpu"]), [specs[0]["method"]])
     started_cpu = time.process_time()
 
     def progress(n_samples: int, values: dict[str, float], cost: dict[str, float]) -> None:
