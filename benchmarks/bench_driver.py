@@ -104,7 +104,7 @@ class Timeline:
     time spent in ``ResultsDirectory.add`` so far (wrapped around the results directory's ``add``;
     ``write=False``: rows are not written at all, to time the rest of the driver alone)."""
 
-    def __init__(self, results: ResultsDirectory, write: bool = True):
+    def __init__(self, results: ResultsDirectory, write: bool = True, window: int = 0):
         self.cpu: list[float] = []
         self.wall: list[float] = []
         self.add_cpu: list[float] = []
@@ -121,6 +121,8 @@ class Timeline:
             self.wall.append(time.monotonic())
             self.add_cpu.append(self._in_add)
             self.rss_mb.append(resident_mb())
+            if window and len(self.rss_mb) % window == 0:  # as it goes: a run stopped early still says something
+                print(f"  trial {len(self.rss_mb)}: resident {self.rss_mb[-1]:.0f} MB", flush=True)
 
         results.add = timed_add  # type: ignore[method-assign]
 
@@ -142,6 +144,7 @@ class Snapshots:
         from ray.tune.execution.tune_controller import TuneController
 
         self.seconds: list[float] = []
+        self.resident_step_mb: list[float] = []  # the driver's resident memory after each snapshot less before it
         self.steps = 0
         self.gc_s = 0.0
         self._gc_started = 0.0
@@ -156,9 +159,16 @@ class Snapshots:
         save, step = TuneController.save_to_dir, TuneController.step
 
         def timed(controller: Any) -> None:
-            before = time.process_time()
+            before, resident_before = time.process_time(), resident_mb()
             save(controller)
             self.seconds.append(time.process_time() - before)
+            self.resident_step_mb.append(resident_mb() - resident_before)
+            if self.resident_step_mb[-1] >= 5:
+                print(
+                    f"  Tune snapshot {len(self.seconds)} with {len(controller.get_trials())} trials: "
+                    f"{self.seconds[-1]:.2f} CPU-s, resident memory {resident_before:.0f} -> {resident_mb():.0f} MB",
+                    flush=True,
+                )
 
         def counted(controller: Any) -> None:
             self.steps += 1
@@ -169,7 +179,7 @@ class Snapshots:
 
 
 def run_bench_grid(
-    specs: list[dict[str, Any]], grid: Any, out: Path, echo: Any, write: bool = True
+    specs: list[dict[str, Any]], grid: Any, out: Path, echo: Any, write: bool = True, window: int = 0
 ) -> tuple[Timeline, RunSummary, float]:
     """Run ``specs`` through :func:`run_trials` with the trivial trainable; (timeline, summary, seconds from the
     last trial recorded to ``run_trials`` returning)."""
@@ -178,7 +188,7 @@ def run_bench_grid(
     if trivial_trial.__module__ != "__main__":  # imported: the workers cannot import this script by name
         cloudpickle.register_pickle_by_value(sys.modules[trivial_trial.__module__])
     results = ResultsDirectory(out)
-    timeline = Timeline(results, write)
+    timeline = Timeline(results, write, window)
     summary = RunSummary()
     real = trials_module.run_ursa_trial
     trials_module.run_ursa_trial = trivial_trial  # run_trials wraps this module's name
@@ -195,7 +205,7 @@ def driver_cost(n_trials: int, window: int, echo: Any, write: bool = True) -> di
     snapshots = Snapshots()
     started_cpu, started = time.process_time(), time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ub", dir="/tmp") as out:
-        timeline, summary, tail_s = run_bench_grid(specs, grid, Path(out), echo, write)
+        timeline, summary, tail_s = run_bench_grid(specs, grid, Path(out), echo, write, window)
     wall = time.monotonic() - started
     echo.close()
     recorded = len(timeline.cpu)
@@ -242,7 +252,8 @@ def driver_cost(n_trials: int, window: int, echo: Any, write: bool = True) -> di
     print(
         f"  driver peak RSS {figures['peak_rss_mb']:.0f} MB (torch imported: {'torch' in sys.modules}); driver CPU {figures['driver_cpu_s']:.0f} s in all; Tune "
         f"experiment-state snapshots: {figures['snapshots']}, {figures['snapshot_s_total']:.1f} CPU-s in all, the last "
-        f"{figures['snapshot_s_last']:.2f} s; {figures['steps_per_trial']:.1f} Tune steps per trial; garbage "
+        f"{figures['snapshot_s_last']:.2f} s, resident memory +{sum(snapshots.resident_step_mb):.0f} MB across "
+        f"them; {figures['steps_per_trial']:.1f} Tune steps per trial; garbage "
         f"collection {figures['gc_s']:.1f} CPU-s in all"
     )
     trend = [
