@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import ursa_ray.evaluation.probes
+from ursa_ray.eval_sets import UnknownEvalSet
 from ursa_ray.evaluation.probes.base import Probe, ProbeContext, SetsProbe
 from ursa_ray.evaluation.probes.bit_depth import BitDepthProbe
 from ursa_ray.grid import parse_grid
@@ -73,3 +74,22 @@ def test_a_new_metric_family_is_one_probe_and_its_registration(final_spec, monke
     assert outcome.predictions["counted"]["n"].tolist() == [1]
     assert ("test", "accuracy") in values and ("test@float16", "accuracy") in values
     assert any(k[0].startswith("adv:") for k in values) and any(k[0].startswith("corrupt:") for k in values)
+    assert {m["eval_kind"] for m in outcome.metrics} >= {"in_domain", "corruption", "adversarial", "bit_depth"}
+
+
+class _MisnamedProbe(_CountingProbe):
+    """A metric family that names its set outside the grammar of :mod:`ursa_ray.eval_sets` (an unknown
+    prefix; a plain name would be read as an OOD set's)."""
+
+    def compute(self) -> dict[str, dict[str, float]]:
+        return {"shifted:test": {"samples_seen": float(self.n)}}
+
+
+def test_a_probe_naming_an_unknown_set_fails_its_own_trial(final_spec, monkeypatch):
+    """The worker gives every metric row its ``eval_kind``, so a probe's set name outside the grammar fails
+    the trial that made it (recorded as failed, the grid goes on) with the name and the known prefixes,
+    rather than reaching the driver, whose results directory would refuse the rows of a finished trial."""
+    registered = ursa_ray.evaluation.probes.PROBES
+    monkeypatch.setattr(ursa_ray.evaluation.probes, "PROBES", (*registered, lambda context: [_MisnamedProbe(context)]))
+    with pytest.raises(UnknownEvalSet, match="shifted"):
+        run_trial(final_spec)

@@ -37,7 +37,7 @@ from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time
 from ursa_ray.methods import batched
 from ursa_ray.methods.base import Categorical, Method, Problem, as_method
 from ursa_ray.prepare import PreparedTrial, pick_device, prepare
-from ursa_ray.results import Location, metric_key
+from ursa_ray.results import Location, metric_key, with_eval_kind
 
 
 @dataclass
@@ -248,13 +248,17 @@ class TrialRun:
 
 
 def metric_rows(spec: Mapping[str, Any], values: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
-    """Long-format ``metrics.parquet`` rows of a trial: one per (evaluation set, metric)."""
+    """Long-format ``metrics.parquet`` rows of a trial: one per (evaluation set, metric), each with the
+    ``eval_kind`` of its set.  A set name outside :mod:`ursa_ray.eval_sets`' grammar raises here, in the
+    worker, so that the trial that made it is recorded as failed (the driver would refuse its rows)."""
     base = metric_key(spec)
-    return [
-        {**base, "eval_set": eval_set, "metric": metric, "value": float(value)}
-        for eval_set, table in values.items()
-        for metric, value in table.items()
-    ]
+    return with_eval_kind(
+        [
+            {**base, "eval_set": eval_set, "metric": metric, "value": float(value)}
+            for eval_set, table in values.items()
+            for metric, value in table.items()
+        ]
+    )
 
 
 def _stream_into(runs: list[TrialRun], stream: Any, batched_stream: bool, progress: Any = None) -> float:
