@@ -18,7 +18,8 @@ from ursa_ray.evaluation import (
     miscalibration_area,
     regression_metrics,
 )
-from ursa_ray.trial import _evaluate, _points
+from ursa_ray.evaluation.probes.in_domain import in_domain_metrics
+from ursa_ray.trial import _points
 
 SIGMA = 0.1
 FORECAST = {"crps", "miscalibration_area", "sharpness", "interval_score_95"} | {
@@ -81,10 +82,10 @@ def test_trial_evaluates_test_set_against_truth_and_validation_split_against_noi
     for _ in range(3):
         test_pred.update(ds.test_y.double() + 0.1 * torch.randn(len(ds.test_y), dtype=torch.float64, generator=gen))
         validation_pred.update(torch.randn(40, dtype=torch.float64, generator=gen))
-    on_test = _evaluate(ds, test_pred, ds.test_y, "test")
+    on_test = in_domain_metrics(ds, test_pred, ds.test_y, "test")
     assert set(on_test) == EPISTEMIC
     assert on_test == regression_metrics(test_pred, ds.noise_std, truth=ds.test_y.numpy())
-    on_validation = _evaluate(ds, validation_pred, ds.train_y[:40], "validation")
+    on_validation = in_domain_metrics(ds, validation_pred, ds.train_y[:40], "validation")
     assert set(on_validation) == PREDICTIVE
     assert on_validation == regression_metrics(validation_pred, ds.noise_std, observed=ds.train_y[:40].numpy())
 

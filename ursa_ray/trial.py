@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from torch import Tensor
 
 from ursa_ray import data, methods, reference
 from ursa_ray.evaluation import (
@@ -28,11 +27,11 @@ from ursa_ray.evaluation import (
     RegressionPredictive,
     classification_metrics,
     fidelity,
-    regression_metrics,
 )
 from ursa_ray.evaluation.probes import make_probes
 from ursa_ray.evaluation.probes.adversarial import TransferProbe
 from ursa_ray.evaluation.probes.base import ProbeContext, predict
+from ursa_ray.evaluation.probes.in_domain import in_domain_metrics
 from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time
 from ursa_ray.methods import batched
 from ursa_ray.methods.base import Categorical, Method, Problem, as_method
@@ -154,9 +153,7 @@ class TrialRun:
         self.accumulators = {
             name: new_predictive(self.ds, x.shape[0], self.device) for name, (x, _) in self.eval_sets.items()
         }
-        self.probes = make_probes(
-            ProbeContext(trial, self.accumulators, _evaluate, functools.partial(_sample_plan, trial))
-        )
+        self.probes = make_probes(ProbeContext(trial, self.accumulators, functools.partial(_sample_plan, trial)))
         self.stats: dict[str, float] = {}
         self.train_s = 0.0
         self.last_predictor: Any = None
@@ -180,7 +177,9 @@ class TrialRun:
             probe.observe(predictor)
             probe.seconds += time.perf_counter() - tick
         if progress is not None and "validation" in self.eval_sets:
-            running = _evaluate(self.ds, self.accumulators["validation"], self.eval_sets["validation"][1], "validation")
+            running = in_domain_metrics(
+                self.ds, self.accumulators["validation"], self.eval_sets["validation"][1], "validation"
+            )
             progress(
                 self.accumulators["validation"].n_samples,
                 {f"val_{k}": float(v) for k, v in running.items()},
@@ -360,19 +359,6 @@ def run_reference_trial(spec: Mapping[str, Any], device: torch.device | None = N
         "seeds_in_trial": 1,
     }
     return outcome
-
-
-def _evaluate(ds: data.base.Dataset, pred: Any, targets: Tensor, eval_set: str) -> dict[str, float]:
-    """In-domain metrics of the accumulated posterior predictive against labels, or for regression against
-    the noise-free truth (the test set's targets: epistemic metrics) or noisy observations (the validation
-    split's targets: predictive metrics), see :func:`~ursa_ray.evaluation.metrics.regression_metrics`."""
-    if ds.task == "classification":
-        cost = None if ds.cost_matrix is None else ds.cost_matrix.numpy()
-        return classification_metrics(pred, targets.numpy(), cost)
-    # A regression Dataset's test_y is the noise-free truth; the validation split holds noisy training targets.
-    if eval_set == "test" and not ds.test_y_observed:  # else observed targets (data from files)
-        return regression_metrics(pred, float(ds.noise_std), truth=targets.numpy())
-    return regression_metrics(pred, float(ds.noise_std), observed=targets.numpy())
 
 
 def _points(spec: Mapping[str, Any], ds: data.base.Dataset, pred: RegressionPredictive) -> list[dict[str, Any]]:

@@ -79,14 +79,12 @@ class Probe:
 @dataclass
 class ProbeContext:
     """What a probe is built from: the prepared trial, the posterior predictive accumulated on each of its
-    float32 evaluation sets (shared: the probe that observes a set fills it, others read it), the
-    in-domain metrics of a predictive against targets (``evaluate(ds, predictive, targets, set_name)``), and
-    the method's sample plan ``sample_plan() -> (samples per chain, chains, chains run in turn)``, which
-    says where in the stream the attacker's kept samples fall."""
+    float32 evaluation sets (shared: the probe that observes a set fills it, others read it), and the
+    method's sample plan ``sample_plan() -> (samples per chain, chains, chains run in turn)``, which says
+    where in the stream the attacker's kept samples fall."""
 
     trial: PreparedTrial
     predictives: dict[str, Any]
-    evaluate: Callable[[Any, Any, Tensor, str], dict[str, float]]
     sample_plan: Callable[[], tuple[int, int, bool]]
 
 

@@ -13,6 +13,7 @@ from ursa_ray.evaluation.metrics import ood_metrics
 from ursa_ray.evaluation.predictions import prediction_table
 from ursa_ray.evaluation.predictive import ClassificationPredictive
 from ursa_ray.evaluation.probes.base import Probe, ProbeContext, accumulate
+from ursa_ray.evaluation.probes.in_domain import in_domain_metrics
 from ursa_ray.evaluation.test_time_cost import evaluate_at_bit_depths
 
 
@@ -48,7 +49,7 @@ class BitDepthProbe(Probe):
         values = {}
         for scheme in self.schemes:
             test = self.predictives["test", scheme]
-            values[eval_sets.bit_depth("test", scheme)] = self.context.evaluate(ds, test, test_y, "test")
+            values[eval_sets.bit_depth("test", scheme)] = in_domain_metrics(ds, test, test_y, "test")
             for name in ds.ood:
                 values[eval_sets.bit_depth(name, scheme)] = ood_metrics(test, self.predictives[name, scheme])
         return values
