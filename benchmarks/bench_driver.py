@@ -55,7 +55,7 @@ GRID = {
 }
 
 
-def trivial_trial(param: dict[str, Any]) -> None:
+def trivial_trial(param: dict[str, Any], spec_table: Any = ()) -> None:
     """A Tune trainable that does (almost) nothing: the outcome folder of a finished trial with no metrics,
     reported as ``run_ursa_trial`` reports it.  A spec's ``busy_s``: seconds to busy-loop first (0: none)."""
     import json
@@ -68,7 +68,7 @@ def trivial_trial(param: dict[str, Any]) -> None:
     from ursa_ray.tune.trainable import config_specs
 
     started, started_cpu = time.monotonic(), time.process_time()
-    specs = config_specs(param, "")
+    specs = config_specs(param, "", spec_table)
     busy = float(specs[0].get("busy_s", 0.0))
     while time.monotonic() - started < busy:
         pass

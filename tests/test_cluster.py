@@ -113,13 +113,23 @@ def test_fit_check_counts_node_types_the_autoscaler_may_add(ray_session, tmp_pat
 def test_each_trial_asks_for_its_own_resources_and_the_fit_check_names_who_asks(ray_session, tmp_path, monkeypatch):
     from ursa_ray.grid import GridError, parse_grid
     from ursa_ray.tune import cluster, runner
-    from ursa_ray.tune.trainable import pack, placement
+    from ursa_ray.tune.queue import SpecQueue, seed_groups
+    from ursa_ray.tune.trainable import config_specs, pack, placement
 
     methods = ["sgd", {"name": "mc_dropout", "resources": {"gpu": 0}}]  # the method's gpu wins over the model's
     models = [{"name": "mlp", "options": {"widths": [16]}}, {"name": "linear", "resources": {"gpu": 1}}]
     path = str(tmp_path / "g.yaml")
     grid = parse_grid(dict(TINY, methods=methods, models=models), path)
-    asked = {(s["label"], s["model"]): placement({"specs": pack([s])}).required_resources for s in grid.trial_specs()}
+    queue = SpecQueue(seed_groups(grid.trial_specs()), str(tmp_path))  # the final trials' configs, as Tune gets them
+    configs = []
+    for i in range(len(queue.spec_table)):
+        configs.append(queue.suggest(f"t{i}"))
+        queue.on_trial_complete(f"t{i}")  # a transfer source done: its trials are handed out next
+    asked = {
+        (s["label"], s["model"]): placement(config).required_resources
+        for config in configs
+        for s in config_specs(config, "", queue.spec_table)
+    }
     assert asked == {
         ("sgd", "mlp"): {"CPU": 1.0},
         ("sgd", "linear"): {"CPU": 1.0, "GPU": 1.0},

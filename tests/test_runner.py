@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import pickle
 
 from ray.tune.search import Searcher
 
@@ -11,8 +12,8 @@ from ursa_ray.tune.queue import SpecQueue, seed_groups
 from ursa_ray.tune.trainable import config_specs
 
 
-def _specs(config):
-    return config_specs(config, "")
+def _specs(queue, config):
+    return config_specs(config, "", queue.spec_table)
 
 
 def grid_raw() -> dict:
@@ -35,13 +36,15 @@ def test_spec_queue_hands_out_every_trial_once_in_order_without_copies(tmp_path)
     assert all(len({s["cell"] for s in g}) == 1 for g in groups)
     queue = SpecQueue(groups, str(tmp_path))
     handed = [queue.suggest(f"t{i}") for i in range(len(groups))]
-    assert [s["trial_id"] for h in handed for s in config_specs(h, "")] == [s["trial_id"] for s in specs]
-    assert [s for h in handed for s in config_specs(h, "")] == specs
+    assert [s["trial_id"] for h in handed for s in _specs(queue, h)] == [s["trial_id"] for s in specs]
+    assert [s for h in handed for s in _specs(queue, h)] == specs
     assert queue.suggest("extra") == Searcher.FINISHED
-    # each trial's config holds its specs as one immutable bytes object (Tune's copies of a config share it;
-    # a grid_search over the specs deep-copies all of them for every trial it generates)
-    assert all(list(h) == ["specs"] and isinstance(h["specs"], bytes) for h in handed)
-    assert copy.deepcopy(handed[0])["specs"] is handed[0]["specs"]  # what Tune's copies of a config cost: nothing
+    # each trial's config holds an index into the run's table of packed seed groups, its folder name and its
+    # request, not its specs: Tune keeps a config (and its JSON) several times over for every trial
+    assert all(set(h) == {"group", "trial_id", "request"} for h in handed)
+    assert max(len(pickle.dumps(h)) for h in handed) < 200 < min(map(len, queue.spec_table))
+    assert [h["group"] for h in handed] == list(range(len(groups))) and len(queue.spec_table) == len(groups)
+    assert copy.deepcopy(handed[0]) == handed[0]
     alone = parse_grid({**grid_raw(), "vectorize_seeds": 1}, "big.yaml").trial_specs()
     assert [len(g) for g in seed_groups(alone)] == [1] * 5000
 
@@ -72,19 +75,19 @@ def test_transfer_sources_run_first_and_their_trials_wait_for_their_examples(tmp
 
     results = ResultsDirectory(tmp_path)
     queue = SpecQueue(seed_groups(specs), str(tmp_path))
-    first = [_specs(queue.suggest(f"t{i}"))[0] for i in range(6)]  # 2 sources, then the 4 decision-task trials
+    first = [_specs(queue, queue.suggest(f"t{i}"))[0] for i in range(6)]  # 2 sources, then the 4 decision-task trials
     assert [s["trial_id"] for s in first[:2]] == [sources[0]["trial_id"], sources[1]["trial_id"]]
     assert all(s["dataset"] == "digits_imbalanced" for s in first[2:])
     assert queue.suggest("t6") is None  # both mc_dropout trials wait for their sources
     results.transfer_examples(sources[0]["trial_id"]).write_bytes(b"examples")
     queue.on_trial_complete("t0")  # seed 0's source finished and saved its examples
-    released = _specs(queue.suggest("t6"))[0]
+    released = _specs(queue, queue.suggest("t6"))[0]
     assert released["seed"] == 0 and released["transfer_examples"] == str(
         tmp_path / "transfer" / f"{sources[0]['trial_id']}.pt"
     )
     assert queue.suggest("t7") is None
     queue.on_trial_complete("t1")  # seed 1's source failed: nothing saved, its trial runs without transfer sets
-    last = _specs(queue.suggest("t7"))[0]
+    last = _specs(queue, queue.suggest("t7"))[0]
     assert last["seed"] == 1 and "transfer_examples" not in last
     assert queue.suggest("t8") == Searcher.FINISHED
     without = parse_grid({**raw, "adversarial": {"transfer": False}}, "t.yaml").trial_specs()
@@ -93,12 +96,12 @@ def test_transfer_sources_run_first_and_their_trials_wait_for_their_examples(tmp
     # batched seeds: both seeds' sources are one trial, and both seeds' mc_dropout trial waits for it
     batched = seed_groups(parse_grid({**raw, "vectorize_seeds": 2}, "t.yaml").trial_specs())
     queue = SpecQueue(batched, str(tmp_path / "b"))
-    handed = _specs(queue.suggest("b0"))
+    handed = _specs(queue, queue.suggest("b0"))
     assert [s["seed"] for s in handed] == [0, 1] and all(s.get("transfer_source") for s in handed)
-    assert [len(_specs(queue.suggest(f"b{i}"))) for i in (1, 2)] == [2, 2]  # the decision-task cells
+    assert [len(_specs(queue, queue.suggest(f"b{i}"))) for i in (1, 2)] == [2, 2]  # the decision-task cells
     assert queue.suggest("b3") is None
     queue.on_trial_complete("b0")
-    assert [s["seed"] for s in _specs(queue.suggest("b3"))] == [0, 1]
+    assert [s["seed"] for s in _specs(queue, queue.suggest("b3"))] == [0, 1]
 
 
 def _point_rows(trial_id: str, method: str, n: int, shift: float = 0.0) -> list[dict]:

@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,10 @@ class ResultsCallback(tune.Callback):
         echo: Echo,
         total: int | None,
         stopper: RunStopper | None = None,
+        spec_table: Sequence[bytes] = (),
     ):
         self.results = results
+        self.spec_table = spec_table  # the final phase's packed seed groups (config_specs)
         self.summary = summary
         self.echo = echo
         self.progress = echo if isinstance(echo, Progress) else Progress(echo)
@@ -89,7 +92,7 @@ class ResultsCallback(tune.Callback):
         self.progress.begin(self.total)
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        specs = trial_specs(trial)
+        specs = trial_specs(trial, self.spec_table)
         if trial.trial_id not in self.started:  # not again when a failed trial is retried
             self.progress.trial_started(len(specs), specs[0]["phase"])
         started = self.started.setdefault(trial.trial_id, time.time())
@@ -137,7 +140,7 @@ class ResultsCallback(tune.Callback):
         except Exception:  # noqa: BLE001 - the message is informative only
             pass
         failures = f"{trial.run_metadata.num_failures}/{trial.max_failures}"
-        specs = trial_specs(trial)
+        specs = trial_specs(trial, self.spec_table)
         where = _where(specs[0])
         if len(specs) > 1:  # a batched trial: its seeds
             where = where.rpartition(" seed=")[0] + " seeds=" + ",".join(str(s["seed"]) for s in specs)
@@ -148,7 +151,7 @@ class ResultsCallback(tune.Callback):
         :func:`~ursa_ray.results.trial_row`)."""
         if trial.trial_id in self.recorded:
             return
-        specs = trial_specs(trial)
+        specs = trial_specs(trial, self.spec_table)
         finished = stopped_at or time.time()
         started = min(self.started.get(trial.trial_id, finished), finished)
         last = trial.last_result or {}
@@ -251,10 +254,10 @@ def forget_metric_history(trial: Any) -> None:
         metadata.metric_analysis, metadata.metric_n_steps = {}, {}
 
 
-def trial_specs(trial: Any) -> list[dict[str, Any]]:
+def trial_specs(trial: Any, spec_table: Sequence[bytes]) -> list[dict[str, Any]]:
     """The ursa-ray specs a Tune trial runs: a search trial's one (its sampled hyperparameters and an id), or
-    a final trial's seeds."""
-    return config_specs(trial.config, trial.trial_id)
+    a final trial's seeds (from the run's ``spec_table``)."""
+    return config_specs(trial.config, trial.trial_id, spec_table)
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

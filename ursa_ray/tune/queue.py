@@ -12,7 +12,7 @@ from ray.tune.schedulers import FIFOScheduler
 from ray.tune.search import Searcher
 
 from ursa_ray.results import Location, transfer_examples_location
-from ursa_ray.tune.trainable import pack
+from ursa_ray.tune.trainable import pack, request
 
 
 def seed_groups(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -66,6 +66,9 @@ class SpecQueue(Searcher):
             return 0 if group[0].get("transfer_source") else 2 if "transfer_from" in group[0] else 1
 
         self._groups = sorted(groups, key=rank)
+        self.spec_table = [pack(group) for group in self._groups]
+        """The seed groups, packed (:func:`~ursa_ray.tune.trainable.config_specs`): a handed-out config holds
+        an index into it; the trainable gets it once, through Ray's object store."""
         self._results_uri = results_uri
         self._unfinished_sources = {
             s["trial_id"] for g in groups for s in g if s.get("transfer_source") or s["phase"] == "reference"
@@ -83,17 +86,29 @@ class SpecQueue(Searcher):
             for spec in group
         ):
             return None
+        config: dict[str, Any] = {
+            "group": self._next,
+            "trial_id": group[0]["trial_id"],  # its first seed's: the Tune trial's folder name
+            "request": request(group[0]["resources"]),
+        }
+        additions = [self._additions(spec) for spec in group]
+        if any(additions):
+            config["additions"] = additions
         self._next += 1
         self._running[trial_id] = [spec["trial_id"] for spec in group]
-        return {"specs": pack([self._with_examples(spec) for spec in group])}
+        return config
 
-    def _with_examples(self, spec: dict[str, Any]) -> dict[str, Any]:
-        if "reference" in spec:  # where its cell's reference is stored (by fingerprint)
-            spec = {**spec, "references_dir": (Location.parse(self._results_uri) / "references").uri}
-        if "transfer_from" not in spec:
-            return spec
-        saved = transfer_examples_location(self._results_uri, spec["transfer_from"])
-        return {**spec, "transfer_examples": saved.uri} if saved.exists() else spec
+    def _additions(self, spec: dict[str, Any]) -> dict[str, str]:
+        """What ``spec`` gets when it is handed out: where its cell's reference is stored (by fingerprint), and
+        the transfer examples its source saved (a failed source saves none)."""
+        added = {}
+        if "reference" in spec:
+            added["references_dir"] = (Location.parse(self._results_uri) / "references").uri
+        if "transfer_from" in spec:
+            saved = transfer_examples_location(self._results_uri, spec["transfer_from"])
+            if saved.exists():
+                added["transfer_examples"] = saved.uri
+        return added
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         """A finished (or failed) transfer source releases the trials waiting for it."""

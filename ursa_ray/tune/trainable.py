@@ -25,7 +25,7 @@ import pickle
 import socket
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,29 +42,44 @@ def request(resources: Mapping[str, Any]) -> dict[str, float]:
 
 
 def pack(specs: Any) -> bytes:
-    """A Tune config's value for ursa-ray specs (a final trial's list of specs, a search cell's base spec): one
-    pickled ``bytes``.  Tune copies a trial's config into several places per trial (the trial, its flattened
-    parameters, its results); ``bytes`` is immutable, so every copy is the same ~1 KB object, where a nested
-    spec dict was copied whole each time (docs/performance.md, "The driver on large grids")."""
+    """ursa-ray specs as one pickled ``bytes`` (a final trial's seed group in the run's spec table, a search
+    cell's base spec in its Tune config): immutable, so Tune's copies of a config are the same object."""
     return pickle.dumps(specs, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def config_specs(config: Mapping[str, Any], tune_trial_id: str) -> list[dict[str, Any]]:
-    """The ursa-ray specs a Tune trial's ``config`` carries: a final trial's seeds (``config["specs"]``), or a
-    search trial's one (the cell's ``config["spec"]`` with the sampled ``config["hp"]`` and an id of its own)."""
+def config_specs(
+    config: Mapping[str, Any], tune_trial_id: str, spec_table: Sequence[bytes] = ()
+) -> list[dict[str, Any]]:
+    """The ursa-ray specs of a Tune trial with ``config``: a final trial's seeds, entry ``config["group"]`` of
+    the run's spec table (:class:`~ursa_ray.tune.queue.SpecQueue`'s packed seed groups), each with what the
+    queue added when it handed the trial out (``config["additions"]``, by position, where any); or a search
+    trial's one (the cell's ``config["spec"]`` with the sampled ``config["hp"]`` and an id of its own).
+
+    A final trial's config holds its index, not its specs: Tune keeps every trial's config several times over
+    (the trial, its flattened parameters, its tag, every result) and, once it has snapshotted the experiment,
+    their JSON, ~24 KB a trial with the specs in it (docs/performance.md, "Driver memory per trial")."""
     if config.get("hp"):
         return [search_trial_spec(pickle.loads(config["spec"]), config["hp"], tune_trial_id)]
-    return pickle.loads(config["specs"])
+    specs = pickle.loads(spec_table[config["group"]])
+    additions = config.get("additions")
+    return [{**spec, **added} for spec, added in zip(specs, additions, strict=True)] if additions else specs
 
 
 def placement(config: dict[str, Any]) -> tune.PlacementGroupFactory:
     """A Tune trial's own request, from its config (``tune.with_resources`` calls it for each trial): a final
-    trial's seeds (one cell: one request) or a search trial's spec.
+    trial's ``config["request"]`` (its seeds are one cell's: one request) or a search trial's spec's.
 
     It lives here, beside the trainable, because Tune pickles it with the trainable: a worker unpickling it
     imports this light module only (not the grid's, which imports torch before the trial's timed warm-up)."""
-    spec = pickle.loads(config["specs"])[0] if "specs" in config else pickle.loads(config["spec"])
-    return tune.PlacementGroupFactory([request(spec["resources"])])
+    if "request" in config:
+        return tune.PlacementGroupFactory([dict(config["request"])])
+    return tune.PlacementGroupFactory([request(pickle.loads(config["spec"])["resources"])])
+
+
+def trial_folder_name(trial: Any) -> str:
+    """A final Tune trial's folder: its first seed's trial id (``config["trial_id"]``).  A function of this
+    module, so Tune's per-trial snapshot pickles a reference to it, not a closure (1.3 KB a trial)."""
+    return trial.config["trial_id"][:80]
 
 
 def search_trial_spec(spec: dict[str, Any], hp: dict[str, Any], tune_trial_id: str) -> dict[str, Any]:
@@ -76,15 +91,17 @@ def search_trial_spec(spec: dict[str, Any], hp: dict[str, Any], tune_trial_id: s
     }
 
 
-def run_ursa_trial(param: dict[str, Any]) -> None:
-    """Tune entry point.  ``param``: a Tune config (:func:`config_specs`): the final-phase trial specs this Tune
-    trial runs (several seeds of one cell are one batched computation, :func:`ursa_ray.trial.run_trials_batched`),
-    or in the search phase the cell's spec with the sampled ``param["hp"]``."""
+def run_ursa_trial(param: dict[str, Any], spec_table: Sequence[bytes] = ()) -> None:
+    """Tune entry point.  ``param``: a Tune config (:func:`config_specs`): which of the final phase's seed groups
+    this Tune trial runs (several seeds of one cell are one batched computation,
+    :func:`ursa_ray.trial.run_trials_batched`), or in the search phase the cell's spec with the sampled
+    ``param["hp"]``.  ``spec_table``: the final phase's packed seed groups, which ``tune.with_parameters`` puts
+    in Ray's object store once for the whole run."""
     import torch
 
     from ursa_ray.trial import pick_device, warm_up_worker
 
-    specs = config_specs(param, tune.get_context().get_trial_id())
+    specs = config_specs(param, tune.get_context().get_trial_id(), spec_table)
     torch.set_num_threads(max(1, int(specs[0]["resources"]["cpu"])))
     # subnormal floats (Adam's second moments of weights whose gradients vanish, for one) are up to 100×
     # slower on x86 CPUs: flushing them to zero made variational dropout's 1,000-epoch regression trials

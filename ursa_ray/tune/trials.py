@@ -28,7 +28,7 @@ from ursa_ray.tune.callback import ResultsCallback, RunSummary
 from ursa_ray.tune.interrupt import Interrupt, RunStopper
 from ursa_ray.tune.progress import Echo
 from ursa_ray.tune.queue import LiveFIFOScheduler, SpecQueue, seed_groups
-from ursa_ray.tune.trainable import config_specs, placement, run_ursa_trial
+from ursa_ray.tune.trainable import placement, run_ursa_trial, trial_folder_name
 
 
 def run_trials(
@@ -55,20 +55,25 @@ def run_trials(
     :class:`LiveFIFOScheduler`, and Tune snapshots its experiment state every 10 minutes
     (``TUNE_GLOBAL_CHECKPOINT_S``, set in :mod:`ursa_ray.tune`), not every 10 s."""
     stopper = RunStopper(interrupt or Interrupt(), echo, budget)
-    callback = ResultsCallback(results, summary, echo, len(specs) if param_space is None else total, stopper)
-    stopper.callback = callback
-    trainable = tune.with_resources(run_ursa_trial, placement)  # each trial's own request, from its config
-    if param_space is None:
+    trainable: Any = run_ursa_trial
+    spec_table: list[bytes] = []
+    final = param_space is None
+    if final:
         param_space = {}
-        groups = seed_groups(specs)
+        queue = SpecQueue(seed_groups(specs), results.location.uri)
+        spec_table = queue.spec_table
+        trainable = tune.with_parameters(run_ursa_trial, spec_table=spec_table)  # once, in the object store
         tune_config = tune.TuneConfig(
-            search_alg=SpecQueue(groups, results.location.uri),
-            num_samples=len(groups),
+            search_alg=queue,
+            num_samples=len(spec_table),
             reuse_actors=True,
             max_concurrent_trials=grid.max_concurrent_trials,
             scheduler=LiveFIFOScheduler(),
-            trial_dirname_creator=lambda t: config_specs(t.config, t.trial_id)[0]["trial_id"][:80],
+            trial_dirname_creator=trial_folder_name,
         )
+    callback = ResultsCallback(results, summary, echo, len(specs) if final else total, stopper, spec_table)
+    stopper.callback = callback
+    trainable = tune.with_resources(trainable, placement)  # each trial's own request, from its config
     storage = results.location / "ray"  # checkpoints: a local folder, or the same object store as the results
     tuner = tune.Tuner(
         trainable,
