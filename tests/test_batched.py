@@ -5,6 +5,7 @@ chains run side by side report R̂ and ESS that tell mixed chains from unmixed o
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from contextlib import contextmanager, nullcontext
 
@@ -189,16 +190,14 @@ def test_four_batched_seeds_give_each_seed_its_metrics_alone(method, hyperparame
     test, OOD, corruption, attacked and float16-stored sets), and the seeds differ from each other.  The
     lone trial of ``deep_ensemble`` and of ``sghmc`` with chains runs the unbatched loop (members and chains
     one after another), so the batched loop is held against it, not against itself."""
-    specs = _specs(method, hyperparameters)
-    for spec in specs:
-        spec["save_predictions"] = True
+    specs = [dataclasses.replace(spec, save_predictions=True) for spec in _specs(method, hyperparameters)]
     batched = run_trials_batched(specs)
     assert [o.record["seeds_in_trial"] for o in batched] == [4] * 4
     for spec, together in zip(specs, batched, strict=True):
         with lone_loops() if method in LONE_LOOPS else nullcontext():
             alone = run_trial(spec)
         assert alone.record["seeds_in_trial"] == 1
-        _assert_same_result(alone, together, spec["seed"])
+        _assert_same_result(alone, together, spec.seed)
     nll = [_metrics(o)[("test", "nll")] for o in batched]
     assert len(set(nll)) == 4
 

@@ -119,7 +119,7 @@ def test_each_trial_asks_for_its_own_resources_and_the_fit_check_names_who_asks(
     models = [{"name": "mlp", "options": {"widths": [16]}}, {"name": "linear", "resources": {"gpu": 1}}]
     path = str(tmp_path / "g.yaml")
     grid = parse_grid(dict(TINY, methods=methods, models=models), path)
-    asked = {(s["label"], s["model"]): placement({"specs": pack([s])}).required_resources for s in grid.trial_specs()}
+    asked = {(s.label, s.model): placement({"specs": pack([s])}).required_resources for s in grid.trial_specs()}
     assert asked == {
         ("sgd", "mlp"): {"CPU": 1.0},
         ("sgd", "linear"): {"CPU": 1.0, "GPU": 1.0},

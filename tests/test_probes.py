@@ -28,7 +28,7 @@ GRID = {
 @pytest.fixture(scope="module")
 def final_spec() -> dict:
     specs = parse_grid(GRID, "probes.yaml").trial_specs()
-    return next(s for s in specs if s["phase"] == "final")
+    return next(s for s in specs if s.phase == "final")
 
 
 def test_every_evaluation_set_is_observed_by_exactly_one_probe_after_the_bit_depth_probe(final_spec):

@@ -4,6 +4,7 @@ are complete), and started first in, first out (:class:`LiveFIFOScheduler`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -12,20 +13,21 @@ from ray.tune.schedulers import FIFOScheduler
 from ray.tune.search import Searcher
 
 from ursa_ray.results import Location, transfer_examples_location
+from ursa_ray.spec import TrialSpec
 from ursa_ray.tune.trainable import pack
 
 
-def seed_groups(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The final phase's Tune trials: ``specs`` grouped into runs of up to ``spec["vectorize_seeds"]`` seeds
+def seed_groups(specs: list[TrialSpec]) -> list[list[TrialSpec]]:
+    """The final phase's Tune trials: ``specs`` grouped into runs of up to ``spec.vectorize_seeds`` seeds
     of one cell, configuration and resource request (a batched computation, see
     :func:`ursa_ray.trial.run_trials_batched`; the Tune trial asks for one seed's ``resources``),
     in the order of each group's first seed; a spec with ``vectorize_seeds`` 1 is a trial of its own."""
-    groups: dict[str, list[list[dict[str, Any]]]] = {}
-    order: list[list[dict[str, Any]]] = []
+    groups: dict[str, list[list[TrialSpec]]] = {}
+    order: list[list[TrialSpec]] = []
     for spec in specs:
-        size = int(spec.get("vectorize_seeds", 1))
+        size = spec.vectorize_seeds
         key = json.dumps(
-            [spec["cell"], spec["config"], spec.get("transfer_source", False), spec["resources"]],
+            [spec.cell, spec.config, spec.transfer_source, spec.resources],
             sort_keys=True,
             default=str,
         )
@@ -57,18 +59,18 @@ class SpecQueue(Searcher):
     between, so the source's file is written before the waiting trial is handed out.
     """
 
-    def __init__(self, groups: list[list[dict[str, Any]]], results_uri: str):
+    def __init__(self, groups: list[list[TrialSpec]], results_uri: str):
         super().__init__()
 
-        def rank(group: list[dict[str, Any]]) -> int:
-            if group[0]["phase"] == "reference":
+        def rank(group: list[TrialSpec]) -> int:
+            if group[0].phase == "reference":
                 return -1
-            return 0 if group[0].get("transfer_source") else 2 if "transfer_from" in group[0] else 1
+            return 0 if group[0].transfer_source else 2 if group[0].transfer_from is not None else 1
 
         self._groups = sorted(groups, key=rank)
         self._results_uri = results_uri
         self._unfinished_sources = {
-            s["trial_id"] for g in groups for s in g if s.get("transfer_source") or s["phase"] == "reference"
+            s.trial_id for g in groups for s in g if s.transfer_source or s.phase == "reference"
         }
         self._running: dict[str, list[str]] = {}  # Tune trial id -> its specs' trial ids
         self._next = 0
@@ -78,22 +80,21 @@ class SpecQueue(Searcher):
             return Searcher.FINISHED
         group = self._groups[self._next]
         if any(
-            spec.get("transfer_from") in self._unfinished_sources
-            or spec.get("reference_from") in self._unfinished_sources
+            spec.transfer_from in self._unfinished_sources or spec.reference_from in self._unfinished_sources
             for spec in group
         ):
             return None
         self._next += 1
-        self._running[trial_id] = [spec["trial_id"] for spec in group]
+        self._running[trial_id] = [spec.trial_id for spec in group]
         return {"specs": pack([self._with_examples(spec) for spec in group])}
 
-    def _with_examples(self, spec: dict[str, Any]) -> dict[str, Any]:
-        if "reference" in spec:  # where its cell's reference is stored (by fingerprint)
-            spec = {**spec, "references_dir": (Location.parse(self._results_uri) / "references").uri}
-        if "transfer_from" not in spec:
+    def _with_examples(self, spec: TrialSpec) -> TrialSpec:
+        if spec.reference is not None:  # where its cell's reference is stored (by fingerprint)
+            spec = dataclasses.replace(spec, references_dir=(Location.parse(self._results_uri) / "references").uri)
+        if spec.transfer_from is None:
             return spec
-        saved = transfer_examples_location(self._results_uri, spec["transfer_from"])
-        return {**spec, "transfer_examples": saved.uri} if saved.exists() else spec
+        saved = transfer_examples_location(self._results_uri, spec.transfer_from)
+        return dataclasses.replace(spec, transfer_examples=saved.uri) if saved.exists() else spec
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         """A finished (or failed) transfer source releases the trials waiting for it."""

@@ -24,6 +24,7 @@ from ray import tune
 
 from ursa_ray.grid import Grid
 from ursa_ray.results import ResultsDirectory
+from ursa_ray.spec import TrialSpec
 from ursa_ray.tune.callback import ResultsCallback, RunSummary
 from ursa_ray.tune.interrupt import Interrupt, RunStopper
 from ursa_ray.tune.progress import Echo
@@ -32,7 +33,7 @@ from ursa_ray.tune.trainable import config_specs, placement, run_ursa_trial
 
 
 def run_trials(
-    specs: list[dict[str, Any]],
+    specs: list[TrialSpec],
     grid: Grid,
     results: ResultsDirectory,
     experiment: str,
@@ -67,7 +68,7 @@ def run_trials(
             reuse_actors=True,
             max_concurrent_trials=grid.max_concurrent_trials,
             scheduler=LiveFIFOScheduler(),
-            trial_dirname_creator=lambda t: config_specs(t.config, t.trial_id)[0]["trial_id"][:80],
+            trial_dirname_creator=lambda t: config_specs(t.config, t.trial_id)[0].trial_id[:80],
         )
     storage = results.location / "ray"  # checkpoints: a local folder, or the same object store as the results
     tuner = tune.Tuner(
