@@ -226,7 +226,6 @@ class TrialRun:
             "accept_rate": float(stats.get("accept_rate", math.nan)),
             "method_stats": json.dumps({k: float(v) for k, v in stats.items()}, sort_keys=True),
             "transfer_from": transfer_from,
-            "seeds_in_trial": 1,
         }
 
 
@@ -276,9 +275,9 @@ def run_trials_batched(specs: list[TrialSpec], device: torch.device | None = Non
     method's batched stream (``sample_posterior_batched``; :mod:`ursa_ray.methods.batched`): every trial
     gets the outcome it would alone (its own data, initialisation, random streams, evaluation), but the
     training is one computation.  The training seconds, like the trial's other shared costs, are split
-    evenly over the trials (``seeds_in_trial`` says how many shared it).  The seeds run in chunks whose
-    copies (seeds × the method's ``batched_copies(config, model)``: ensemble members, chains, what it keeps
-    per seed) fit
+    evenly over the trials (the driver's trial row says how many shared it: ``seeds_in_trial``).  The seeds
+    run in chunks whose copies (seeds × the method's ``batched_copies(config, model)``: ensemble members,
+    chains, what it keeps per seed) fit
     :data:`~ursa_ray.methods.batched.COPY_MEMORY_BUDGET` (:func:`~ursa_ray.methods.batched.max_copies`).
     A method without a batched stream, or a network too large to batch, runs the trials one after another."""
     first = TrialRun(specs[0], device, own_init_stream=True)
@@ -299,9 +298,7 @@ def run_trials_batched(specs: list[TrialSpec], device: torch.device | None = Non
         train_s = _stream_into(chunk, stream, True)
         for run in chunk:
             run.train_s = train_s / len(chunk)
-            outcome = run.finish()
-            outcome.record["seeds_in_trial"] = len(runs)
-            outcomes.append(outcome)
+            outcomes.append(run.finish())
     return outcomes
 
 
@@ -336,7 +333,6 @@ def run_reference_trial(spec: TrialSpec, device: torch.device | None = None) -> 
             {"fingerprint": ref.fingerprint, "computed": computed, **ref.convergence.as_metrics()}, sort_keys=True
         ),
         "transfer_from": "",
-        "seeds_in_trial": 1,
     }
     return outcome
 
