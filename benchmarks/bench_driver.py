@@ -27,6 +27,7 @@ Three figures, each a function of its own (``--only`` picks them):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
 import statistics
 import sys
@@ -38,6 +39,7 @@ from typing import Any
 import ursa_ray.tune.trials as trials_module
 from ursa_ray.api import check
 from ursa_ray.results import ResultsDirectory
+from ursa_ray.spec import TrialSpec
 from ursa_ray.tune.callback import RunSummary
 from ursa_ray.tune.cluster import connect
 from ursa_ray.tune.interrupt import Interrupt
@@ -57,7 +59,7 @@ GRID = {
 
 def trivial_trial(param: dict[str, Any], spec_table: Any = ()) -> None:
     """A Tune trainable that does (almost) nothing: the outcome folder of a finished trial with no metrics,
-    reported as ``run_ursa_trial`` reports it.  A spec's ``busy_s``: seconds to busy-loop first (0: none)."""
+    reported as ``run_ursa_trial`` reports it.  A spec's ``config["busy_s"]``: seconds to busy-loop first (0: none)."""
     import json
     import os
     import tempfile
@@ -69,7 +71,7 @@ def trivial_trial(param: dict[str, Any], spec_table: Any = ()) -> None:
 
     started, started_cpu = time.monotonic(), time.process_time()
     specs = config_specs(param, "", spec_table)
-    busy = float(specs[0].get("busy_s", 0.0))
+    busy = float(specs[0].config.get("busy_s", 0.0))
     while time.monotonic() - started < busy:
         pass
     in_trial_s, cpu_s = time.monotonic() - started, time.process_time() - started_cpu
@@ -82,13 +84,16 @@ def trivial_trial(param: dict[str, Any], spec_table: Any = ()) -> None:
         tune.report({"status": "ok", "cpu_s": cpu_s}, checkpoint=tune.Checkpoint.from_directory(folder))
 
 
-def trivial_specs(n: int, busy_s: float = 0.0) -> tuple[Any, list[dict[str, Any]]]:
+def trivial_specs(n: int, busy_s: float = 0.0) -> tuple[Any, list[TrialSpec]]:
     """The benchmark grid and ``n`` copies of its one spec, each a trial of its own (one seed, its own id); the
     grid is checked in a child process, as ``ursa-ray run`` checks it: the driver does not import torch."""
     grid = check(dict(GRID))
     base = grid.trial_specs()[0]
     specs = [
-        {**base, "seed": i, "trial_id": f"bench-{i:06d}", "vectorize_seeds": 1, "busy_s": busy_s} for i in range(n)
+        dataclasses.replace(
+            base, seed=i, trial_id=f"bench-{i:06d}", vectorize_seeds=1, config={**base.config, "busy_s": busy_s}
+        )
+        for i in range(n)
     ]
     return grid, specs
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -213,8 +214,8 @@ def end_to_end_comparison(seeds: int, epochs: int, repeats: int) -> None:
     from ursa_ray.trial import run_trial, run_trials_batched
 
     every = load_grid(str(Path(__file__).parent.parent / "grids" / "regression.yaml")).trial_specs()
-    cell = [s for s in every if s["label"] == "bd" and s["dataset"] == "e1" and s["complexity"] == 2.0]
-    specs = [{**s, "config": {**s["config"], "epochs": epochs}} for s in cell[:seeds]]
+    cell = [s for s in every if s.label == "bd" and s.dataset == "e1" and s.complexity == 2.0]
+    specs = [dataclasses.replace(s, config={**s.config, "epochs": epochs}) for s in cell[:seeds]]
     records: dict[str, list[dict]] = {}
 
     def alone() -> None:
@@ -318,16 +319,16 @@ def grid_projection(slice_dir: str, alone_seeds: int) -> None:
         f"(alone: {alone_seeds} trials here; batched: per seed, from {slice_dir})"
     )
     totals = {"alone": 0.0, "batched": 0.0}
-    for label in dict.fromkeys(s["label"] for s in every):
-        cell = [s for s in every if s["label"] == label and s["dataset"] == "e1" and s["complexity"] == complexity]
+    for label in dict.fromkeys(s.label for s in every):
+        cell = [s for s in every if s.label == label and s.dataset == "e1" and s.complexity == complexity]
         start = time.process_time()
         for spec in cell[:alone_seeds]:
             run_trial(spec)
         alone = (time.process_time() - start) / alone_seeds
         cost = {"alone": alone, "batched": float(per_seed[label])}
         for spec in every:
-            if spec["label"] == label:
-                scale = default_n_train(spec["dataset"], float(spec["complexity"])) / default_n_train("e1", complexity)
+            if spec.label == label:
+                scale = default_n_train(spec.dataset, float(spec.complexity)) / default_n_train("e1", complexity)
                 for name in totals:
                     totals[name] += cost[name] * scale
         print(

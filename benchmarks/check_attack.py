@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -53,6 +54,7 @@ from ursa_ray.evaluation.adversarial import (
     kept_sample_indices,
 )
 from ursa_ray.grid import load_grid
+from ursa_ray.spec import TrialSpec
 from ursa_ray.trial import TrialRun
 
 EPSILON = 0.05
@@ -122,15 +124,15 @@ def first_layer_weights(network: nn.Module, constant: torch.Tensor) -> tuple[flo
     return float(weight[:, on].pow(2).mean().sqrt()), float(weight[:, ~on].pow(2).mean().sqrt())
 
 
-def posterior_samples(spec: dict) -> tuple[list[nn.Module], TrialRun]:
+def posterior_samples(spec: TrialSpec) -> tuple[list[nn.Module], TrialRun]:
     """Every sample of the trial's stream (deep copies), trained as the grid's trial is."""
-    spec = {**spec, "transfer_source": False, "corruptions": {**spec["corruptions"], "types": []}}
+    spec = dataclasses.replace(spec, transfer_source=False, corruptions={**spec.corruptions, "types": []})
     run = TrialRun(spec, torch.device("cpu"))
-    samples = [copy.deepcopy(p).eval() for p in run.method.sample_posterior(run.problem, spec["config"], run.stats)]
+    samples = [copy.deepcopy(p).eval() for p in run.method.sample_posterior(run.problem, spec.config, run.stats)]
     return samples, run
 
 
-def check(spec: dict, examples: int, seed: int, transfer_pixels: torch.Tensor | None) -> tuple[dict, torch.Tensor]:
+def check(spec: TrialSpec, examples: int, seed: int, transfer_pixels: torch.Tensor | None) -> tuple[dict, torch.Tensor]:
     """One method's row of the table, and the examples torchattacks' PGD-10 crafted on its M-sample average."""
     start = time.perf_counter()
     samples, run = posterior_samples(spec)
@@ -138,7 +140,7 @@ def check(spec: dict, examples: int, seed: int, transfer_pixels: torch.Tensor | 
     x, y = run.eval_sets["test"][0][:examples], run.eval_sets["test"][1][:examples]
     pixels = scale.to_pixels(x).clamp(0, 1)
     constant = run.problem.x.std(dim=0) == 0  # pixels no training image changes (MNIST's border)
-    attack_samples = spec["adversarial"]["attack_samples"]
+    attack_samples = spec.adversarial["attack_samples"]
     kept = [samples[i] for i in kept_sample_indices(len(samples), attack_samples)]
     average_m, average_s = LogMeanProbability(kept, scale), LogMeanProbability(samples, scale)
     average_m64 = LogMeanProbability(kept, scale, torch.float64)
@@ -172,7 +174,7 @@ def check(spec: dict, examples: int, seed: int, transfer_pixels: torch.Tensor | 
     one = {k: float(np.median([o[k] for o in of_one])) for k in of_m}
     w_constant, w_varying = first_layer_weights(kept[-1], constant)
     row = {
-        "method": spec["method"],
+        "method": spec.method,
         "S / M": f"{len(samples)} / {len(kept)}",
         "clean": scored(pixels),
         "ursa PGD-10": scored(ours_pixels),
@@ -203,9 +205,9 @@ def main() -> None:
     torch.set_num_threads(1)
 
     specs = {
-        s["method"]: s
+        s.method: s
         for s in load_grid(GRID).trial_specs()
-        if s["dataset"] == "mnist_5k" and s["seed"] == args.seed and s["method"] in args.methods
+        if s.dataset == "mnist_5k" and s.seed == args.seed and s.method in args.methods
     }
     rows, transfer_pixels = [], None  # SGD's examples (sgd first in --methods), scored by every method
     for method in args.methods:

@@ -77,6 +77,7 @@ from ursa_ray.grid import load_grid  # noqa: E402
 from ursa_ray.methods import get_method  # noqa: E402
 from ursa_ray.methods._sgmcmc_kernels import GaussianNoise  # noqa: E402
 from ursa_ray.methods.base import Categorical, Gaussian, Problem, flat_parameters, resolve_config  # noqa: E402
+from ursa_ray.spec import TrialSpec  # noqa: E402
 
 PARTS = ("mixed", "posterior", "trial", "speed", "ray")
 """The parts, in the order they run (``--parts``)."""
@@ -260,8 +261,8 @@ def trial_check() -> None:
     else:
         skip("evaluation_precision on cuda", "no CUDA; the bfloat16 run below forces bfloat16 autocast on the CPU")
     grid = load_grid(ROOT / "grids" / "quickstart.yaml")
-    spec = next(s for s in grid.trial_specs() if (s["label"], s["dataset"], s["seed"]) == ("sgld", "digits", 0))
-    spec = {**spec, "resources": {**spec["resources"], "gpu": 0.25}}
+    spec = next(s for s in grid.trial_specs() if (s.label, s.dataset, s.seed) == ("sgld", "digits", 0))
+    spec = dataclasses.replace(spec, resources={**spec.resources, "gpu": 0.25})
 
     def run(precision: torch.dtype | None) -> trial_module.TrialOutcome:
         if CUDA and precision is torch.bfloat16:
@@ -313,13 +314,13 @@ def every_quickstart_trial() -> None:
     """Each method × dataset of the quickstart grid (seed 0) through ``run_trial`` on the device: the Ray
     run's trials without Ray (which a GPU machine may lack)."""
     grid = load_grid(ROOT / "grids" / "quickstart.yaml")
-    specs = [s for s in grid.trial_specs() if s["seed"] == 0]
+    specs = [s for s in grid.trial_specs() if s.seed == 0]
     failed, slowest = [], (0.0, "")
     for spec in specs:
-        name = f"{spec['label']}/{spec['dataset']}"
+        name = f"{spec.label}/{spec.dataset}"
         start = time.perf_counter()
         try:
-            outcome = trial_module.run_trial({**spec, "resources": {**spec["resources"], "gpu": 0.25}})
+            outcome = trial_module.run_trial(dataclasses.replace(spec, resources={**spec.resources, "gpu": 0.25}))
             values = [m["value"] for m in outcome.metrics]
             if outcome.record["device"] != str(DEVICE) or not values or not all(map(math.isfinite, values)):
                 failed.append(f"{name}: device {outcome.record['device']}, {len(values)} metrics, some not finite")
@@ -948,7 +949,7 @@ def _worker_pid(pause: float) -> int:
     return os.getpid()
 
 
-def _timed_trial(spec: dict) -> tuple[float, float, str]:
+def _timed_trial(spec: TrialSpec) -> tuple[float, float, str]:
     """One trial through ``run_trial`` in a pool worker: (its train_s, its wall seconds, its device)."""
     start = time.perf_counter()
     outcome = trial_module.run_trial(spec)

@@ -26,6 +26,7 @@ replaces it.  Every trial is independent, so a batched runner only has to feed t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -74,20 +75,20 @@ def specs(
 
     chosen = []
     for spec in load_grid(grid_path).trial_specs("final"):
-        if spec["dataset"] != "e1" or spec["label"] not in labels:
+        if spec.dataset != "e1" or spec.label not in labels:
             continue
-        if float(spec["complexity"]) not in complexities or not first_seed <= spec["seed"] < first_seed + reps:
+        if float(spec.complexity) not in complexities or not first_seed <= spec.seed < first_seed + reps:
             continue
-        config = dict(spec["config"])
+        config = dict(spec.config)
         if epochs is not None and "epochs" in config:
             config["epochs"] = epochs
             if "burn_in_epochs" in config:
                 config["burn_in_epochs"] = epochs // 2
         config.update(overrides.get("*", {}))
-        config.update(overrides.get(spec["label"], {}))
-        chosen.append({**spec, "config": config})
+        config.update(overrides.get(spec.label, {}))
+        chosen.append(dataclasses.replace(spec, config=config))
     order = {label: i for i, label in enumerate(labels)}
-    return sorted(chosen, key=lambda s: (s["complexity"], s["seed"], order[s["label"]]))
+    return sorted(chosen, key=lambda s: (s.complexity, s.seed, order[s.label]))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -111,14 +112,14 @@ def run(args: argparse.Namespace) -> None:
         points = pd.DataFrame(outcome.points)
         points["x"] = [float(v[0]) for v in points["x"]]
         points["tag"] = args.tag
-        points["label"] = spec["label"]  # the trial's label also on the anchor's rows (method 'blr')
-        points["config"] = repr(sorted(spec["config"].items()))
+        points["label"] = spec.label  # the trial's label also on the anchor's rows (method 'blr')
+        points["config"] = repr(sorted(spec.config.items()))
         points["noise_std"] = synthetic_regression.NOISE_STD["e1"]
         points["wall_s"] = wall
         frames.append(points)
         test = {m["metric"]: m["value"] for m in outcome.metrics if m.get("eval_set") == "test"}
         print(
-            f"{args.tag} {spec['label']} f={spec['complexity']} rep={spec['seed']} {wall:.0f}s "
+            f"{args.tag} {spec.label} f={spec.complexity} rep={spec.seed} {wall:.0f}s "
             f"{ {k: round(v, 4) for k, v in test.items()} }",
             flush=True,
         )

@@ -26,3 +26,20 @@ def ray_session():
             _temp_dir=temp,
         )
     yield ray
+
+
+@pytest.fixture
+def stream_calls(monkeypatch):
+    """(runs fed, batched) of every posterior stream ``ursa_ray.trial`` drives from here on: a batched stream
+    feeds several seeds' runs at once (:func:`ursa_ray.trial.run_trials_batched`), a lone one feeds one."""
+    import ursa_ray.trial as trial_module
+
+    calls: list[tuple[int, bool]] = []
+    stream_into = trial_module._stream_into
+
+    def spy(runs, stream, batched_stream, progress=None):
+        calls.append((len(runs), batched_stream))
+        return stream_into(runs, stream, batched_stream, progress)
+
+    monkeypatch.setattr(trial_module, "_stream_into", spy)
+    return calls

@@ -65,8 +65,8 @@ def test_api_keeps_the_grid_it_ran(both_runs):
     """A dict grid has no file: the results directory keeps its YAML, which validates back to the same trials."""
     folder, _, _ = both_runs
     kept = load_grid(folder / "api" / "grid.yaml")
-    assert [s["trial_id"] for s in kept.trial_specs()] == [
-        s["trial_id"] for s in load_grid(folder / "api.yaml").trial_specs()
+    assert [s.trial_id for s in kept.trial_specs()] == [
+        s.trial_id for s in load_grid(folder / "api.yaml").trial_specs()
     ]
     assert (folder / "cli" / "grid.yaml").read_text() == (folder / "api.yaml").read_text()  # a file is kept as written
 

@@ -341,17 +341,17 @@ def test_changed_data_is_another_grid_for_a_results_directory(tmp_path, capsys):
     assert err.startswith(f"error: {out}: holds the results of another grid"), err
     assert {f for f in files(tmp_path) if not f[0].endswith(".npz")} == {f for f in before if not f[0].endswith(".npz")}
 
-    ids = {load_grid(grid).trial_specs()[0]["trial_id"], first.trial_specs()[0]["trial_id"]}
+    ids = {load_grid(grid).trial_specs()[0].trial_id, first.trial_specs()[0].trial_id}
     assert len(ids) == 2
     npz(tmp_path, "a.npz")  # the content back: the same trial again
-    assert load_grid(grid).trial_specs()[0]["trial_id"] == first.trial_specs()[0]["trial_id"]
+    assert load_grid(grid).trial_specs()[0].trial_id == first.trial_specs()[0].trial_id
     moved = tmp_path / "moved"  # the project moved: paths differ, data and ids do not
     moved.mkdir()
     for name in ("grid.yaml", "a.npz"):
         (moved / name).write_bytes((tmp_path / name).read_bytes())
     again = load_grid(moved / "grid.yaml")
     assert again.datasets[0].file["path"] != first.datasets[0].file["path"]
-    assert again.trial_specs()[0]["trial_id"] == first.trial_specs()[0]["trial_id"]
+    assert again.trial_specs()[0].trial_id == first.trial_specs()[0].trial_id
 
 
 # --------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ chains run side by side report R̂ and ESS that tell mixed chains from unmixed o
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from contextlib import contextmanager, nullcontext
 
@@ -184,21 +185,20 @@ LONE_LOOPS = {"deep_ensemble", "sghmc"}
     ],
 )
 @pytest.mark.slow
-def test_four_batched_seeds_give_each_seed_its_metrics_alone(method, hyperparameters):
+def test_four_batched_seeds_give_each_seed_its_metrics_alone(method, hyperparameters, stream_calls):
     """Each seed of a batched trial computes what its lone trial computes (:func:`_assert_same_result`:
     test, OOD, corruption, attacked and float16-stored sets), and the seeds differ from each other.  The
     lone trial of ``deep_ensemble`` and of ``sghmc`` with chains runs the unbatched loop (members and chains
     one after another), so the batched loop is held against it, not against itself."""
-    specs = _specs(method, hyperparameters)
-    for spec in specs:
-        spec["save_predictions"] = True
+    specs = [dataclasses.replace(spec, save_predictions=True) for spec in _specs(method, hyperparameters)]
     batched = run_trials_batched(specs)
-    assert [o.record["seeds_in_trial"] for o in batched] == [4] * 4
+    assert all(together for _, together in stream_calls) and sum(n for n, _ in stream_calls) == 4  # batched
     for spec, together in zip(specs, batched, strict=True):
+        stream_calls.clear()
         with lone_loops() if method in LONE_LOOPS else nullcontext():
             alone = run_trial(spec)
-        assert alone.record["seeds_in_trial"] == 1
-        _assert_same_result(alone, together, spec["seed"])
+        assert stream_calls == [(1, False)]
+        _assert_same_result(alone, together, spec.seed)
     nll = [_metrics(o)[("test", "nll")] for o in batched]
     assert len(set(nll)) == 4
 

@@ -126,7 +126,7 @@ def test_each_trial_asks_for_its_own_resources_and_the_fit_check_names_who_asks(
         configs.append(queue.suggest(f"t{i}"))
         queue.on_trial_complete(f"t{i}")  # a transfer source done: its trials are handed out next
     asked = {
-        (s["label"], s["model"]): placement(config).required_resources
+        (s.label, s.model): placement(config).required_resources
         for config in configs
         for s in config_specs(config, "", queue.spec_table)
     }

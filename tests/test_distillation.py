@@ -349,7 +349,7 @@ def test_end_to_end_trial_on_digits():
         assert outcome.record["grad_evals"] == 4 * 23 + 3 * 23
         assert values["cost", "flops_per_prediction"] == values["cost", "forward_flops"]
         mi_auroc = values["noise", "ood_auroc_mi"]
-        if spec["method"] == "bdk":
+        if spec.method == "bdk":
             assert mi_auroc == 0.5  # one sample: MI exactly 0, every score tied
         else:
             assert mi_auroc != 0.5 and values["noise@float16", "ood_auroc_mi"] != 0.5

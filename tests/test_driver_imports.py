@@ -49,7 +49,7 @@ def test_the_driver_uses_a_checked_grid_without_importing_torch(tmp_path):
 
         grid = api.check({str(tmp_path / "g.yaml")!r})
         specs = grid.trial_specs("final", {{}})
-        assert [s["dataset_options"]["complexity"] for s in specs] == [1], specs
+        assert [s.dataset_options["complexity"] for s in specs] == [1], specs
         assert specs == grid.trial_specs() and specs is not grid.trial_specs()
         grid_requests(grid), grid_fingerprint(grid)
         print("torch imported:", "torch" in sys.modules)

@@ -64,8 +64,8 @@ def first_spec(grid_path: Path) -> dict[str, Any]:
 def load_as_trial(grid_path: Path) -> data.base.Dataset:
     """The dataset exactly as a trial resolves and loads it from its spec."""
     spec = first_spec(grid_path)
-    return data.dataset_spec(spec["dataset"], spec["dataset_file"]).load(
-        spec["dataset_options"], tuple(spec["ood"]), data.base.data_root(spec["data_root"]), spec["download"], 0
+    return data.dataset_spec(spec.dataset, spec.dataset_file).load(
+        spec.dataset_options, tuple(spec.ood), data.base.data_root(spec.data_root), spec.download, 0
     )
 
 
@@ -155,7 +155,7 @@ def test_npz_sequences_are_padded_with_nan_and_standardised_over_real_steps(tmp_
     np.savez(tmp_path / "ood.npz", x_test=ood_x)
     grid = write_grid(tmp_path, npz_entry("seq.npz", layout="sequence", ood={"longer": "ood.npz"}))
     spec = first_spec(grid)
-    assert not data.dataset_spec(spec["dataset"], spec["dataset_file"]).images
+    assert not data.dataset_spec(spec.dataset, spec.dataset_file).images
     ds = load_as_trial(grid)
     assert ds.input_shape == (N_STEPS, N_STEP_FEATURES) and ds.pixel_mean is None  # no pixels: no attacks
     real = np.arange(N_STEPS) < arrays["lengths_train"][:, None]
@@ -271,8 +271,8 @@ def test_paths_are_relative_to_the_grid_file_and_absolute_in_the_spec(tmp_path, 
     grid = write_grid(tmp_path / "grids", npz_entry("../data/my.npz"))
     monkeypatch.chdir(tmp_path / "elsewhere")
     spec = first_spec(grid)
-    assert spec["dataset_file"]["path"] == str(tmp_path / "data" / "my.npz")
-    assert spec["dataset"] == "my_data" and spec["decision_task"] is False and spec["cell"] == "sgd/mlp/my_data"
+    assert spec.dataset_file["path"] == str(tmp_path / "data" / "my.npz")
+    assert spec.dataset == "my_data" and spec.decision_task is False and spec.cell == "sgd/mlp/my_data"
 
 
 # --------------------------------------------------------------------------------------------------

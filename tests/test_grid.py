@@ -42,11 +42,11 @@ def test_good_grid_expands_to_trials():
     grid = parse_grid(GOOD, "g.yaml")
     specs = grid.trial_specs()
     assert len(specs) == 2 * 1 * 1 * 2
-    assert len({s["trial_id"] for s in specs}) == len(specs)
-    sgd = next(s for s in specs if s["method"] == "sgd")
-    assert sgd["config"]["lr"] == 0.05 and sgd["config"]["epochs"] == 2 and sgd["config"]["batch_size"] == 64
+    assert len({s.trial_id for s in specs}) == len(specs)
+    sgd = next(s for s in specs if s.method == "sgd")
+    assert sgd.config["lr"] == 0.05 and sgd.config["epochs"] == 2 and sgd.config["batch_size"] == 64
     # ids are deterministic: the same grid gives the same ids (resume relies on it)
-    assert [s["trial_id"] for s in parse_grid(GOOD, "g.yaml").trial_specs()] == [s["trial_id"] for s in specs]
+    assert [s.trial_id for s in parse_grid(GOOD, "g.yaml").trial_specs()] == [s.trial_id for s in specs]
 
 
 BAD = [
@@ -156,9 +156,9 @@ def test_final_specs_are_built_once_and_handed_out_as_new_lists():
     first = grid.trial_specs()
     first.pop()
     assert len(grid.trial_specs("final", {})) == len(first) + 1 == 2 * 2
-    overrides = {s["cell"]: {"lr": 0.2} for s in first if s["method"] == "sgd"}
-    assert {s["config"]["lr"] for s in grid.trial_specs("final", overrides) if s["method"] == "sgd"} == {0.2}
-    assert {s["config"]["lr"] for s in grid.trial_specs() if s["method"] == "sgd"} == {0.05}
+    overrides = {s.cell: {"lr": 0.2} for s in first if s.method == "sgd"}
+    assert {s.config["lr"] for s in grid.trial_specs("final", overrides) if s.method == "sgd"} == {0.2}
+    assert {s.config["lr"] for s in grid.trial_specs() if s.method == "sgd"} == {0.05}
 
 
 def test_method_restricted_to_datasets():
@@ -167,7 +167,7 @@ def test_method_restricted_to_datasets():
         methods=[{"name": "sgd", "datasets": ["digits"]}, {"name": "mc_dropout", "datasets": ["e1"]}],
     )
     specs = parse_grid(raw, "g.yaml").trial_specs()
-    assert {(s["method"], s["dataset"], s["complexity"]) for s in specs} == {
+    assert {(s.method, s.dataset, s.complexity) for s in specs} == {
         ("sgd", "digits", None),
         ("mc_dropout", "e1", 1.0),
         ("mc_dropout", "e1", 2.0),
@@ -182,7 +182,7 @@ def test_model_hyperparameters_override_per_model():
         methods=[{"name": "sgd", "hyperparameters": {"lr": 0.1}, "model_hyperparameters": {"linear": {"lr": 0.5}}}],
     )
     specs = parse_grid(raw, "g.yaml").trial_specs()
-    assert {s["model"]: s["config"]["lr"] for s in specs} == {"mlp": 0.1, "linear": 0.5}
+    assert {s.model: s.config["lr"] for s in specs} == {"mlp": 0.1, "linear": 0.5}
 
 
 def test_resources_per_method_and_model_merge_key_by_key():
@@ -195,7 +195,7 @@ def test_resources_per_method_and_model_merge_key_by_key():
                  {"name": "sgd", "label": "plain"}],
     )  # fmt: skip
     grid = parse_grid(raw, "g.yaml")
-    got = {(s["label"], s["model"]): s["resources"] for s in grid.trial_specs() if s["seed"] == 0}
+    got = {(s.label, s.model): s.resources for s in grid.trial_specs() if s.seed == 0}
     assert got == {
         ("sgd", "mlp"): {
             "cpu": 1,
@@ -210,9 +210,9 @@ def test_resources_per_method_and_model_merge_key_by_key():
     }
     assert grid.resources == {"cpu": 2, "gpu": 0, "custom": {"pool": 1}}
     search = grid.spec_for(grid.cells()[1], 0, "search", {})  # a search trial asks for what its cell's final ones do
-    assert (search["label"], search["model"], search["resources"]) == ("sgd", "linear", got[("sgd", "linear")])
-    assert search["resources"]["custom"] is not grid.resources["custom"]  # a copy: a spec changed alone
-    defaults = parse_grid(variant(resources=None), "g.yaml").trial_specs()[0]["resources"]
+    assert (search.label, search.model, search.resources) == ("sgd", "linear", got[("sgd", "linear")])
+    assert search.resources["custom"] is not grid.resources["custom"]  # a copy: a spec changed alone
+    defaults = parse_grid(variant(resources=None), "g.yaml").trial_specs()[0].resources
     assert defaults == {"cpu": 1, "gpu": 0, "custom": {}}
 
 
@@ -224,8 +224,8 @@ def test_resources_do_not_change_trial_ids():
         methods=[{"name": "sgd", "hyperparameters": {"lr": 0.05}, "resources": {"gpu": 0.5}}, "mc_dropout"],
     )
     specs = parse_grid(raw, "g.yaml").trial_specs()
-    assert [s["trial_id"] for s in specs] == [s["trial_id"] for s in plain]
-    assert {s["resources"]["gpu"] for s in specs} == {0.5, 1}
+    assert [s.trial_id for s in specs] == [s.trial_id for s in plain]
+    assert {s.resources["gpu"] for s in specs} == {0.5, 1}
 
 
 @pytest.mark.parametrize("raw, message", BAD, ids=[m.split(":")[0] for _, m in BAD])
@@ -268,8 +268,8 @@ def test_subspace_temperature_is_rejected_with_a_hint(tmp_path, method, field):
 def test_likelihood_temperature_reaches_the_subspace_trials():
     raw = variant(methods=[{"name": "pca_ess", "hyperparameters": {"likelihood_temperature": 5000.0}}])
     specs = parse_grid(raw, "g.yaml").trial_specs()
-    assert {s["config"]["likelihood_temperature"] for s in specs} == {5000.0}
-    assert all("temperature" not in s["config"] for s in specs)
+    assert {s.config["likelihood_temperature"] for s in specs} == {5000.0}
+    assert all("temperature" not in s.config for s in specs)
     # the samplers that temper the whole posterior keep `temperature`
     raw = variant(
         methods=[
@@ -280,7 +280,7 @@ def test_likelihood_temperature_reaches_the_subspace_trials():
             {"name": "hmc", "hyperparameters": {"temperature": 0.5}},
         ]
     )
-    assert {s["config"]["temperature"] for s in parse_grid(raw, "g.yaml").trial_specs()} == {0.5}
+    assert {s.config["temperature"] for s in parse_grid(raw, "g.yaml").trial_specs()} == {0.5}
 
 
 def test_methods_listing_says_what_each_temperature_tempers(capsys):

@@ -149,12 +149,13 @@ def test_the_checker_sees_a_cycle_made_by_an_import_inside_a_function(tmp_path):
 # a module or package under ``ursa_ray``; a module belongs to the longest name that contains it.  ``ursa_ray``
 # itself is the package __init__, whose lazy ``__getattr__`` is left out (see the module docstring).
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("spec",),  # the trial spec: the grid builds it, everything else reads it; it imports nothing of ursa_ray
     ("eval_sets", "results"),  # evaluation-set names, the results tables (what analysis/ may read)
     # the building blocks and their registries (the plug-in cycle above lies within this layer); no Ray
     ("registry", "plugins", "search_space", "data", "models", "methods", "evaluation", "regression", "reference"),
     ("prepare", "evaluation.probes"),  # a trial's data, streams and evaluation sets; the probes scoring them
     ("trial",),  # one trial: prepare, sample, probes, rows
-    ("grid",),  # a grid file -> checked specs
+    ("grid",),  # a grid file -> checked specs (ursa_ray.spec.TrialSpec)
     ("lease", "guard", "tune"),  # Ray and the results directory's owner
     ("api", "cli"),  # entry points
 )
@@ -213,3 +214,9 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     fake.write_text("def f():\n    from ursa_ray.trial import run_trial\n    return run_trial\n")
     edges = imported("ursa_ray.methods.sgd", fake, set(graph))
     assert any(layer_of(t) > layer_of("ursa_ray.methods.sgd") for t in edges)
+
+
+def test_the_spec_imports_nothing_of_ursa_ray():
+    """The lowest layer: the Tune driver and every worker unpickle specs without importing anything else."""
+    assert layer_of("ursa_ray.spec") == 0 and LAYERS[0] == ("spec",)
+    assert import_graph()["ursa_ray.spec"] == set()

@@ -333,8 +333,8 @@ def test_grid_precision_reaches_the_problem_and_the_trial_record():
     with pytest.raises(GridError, match=r"^<grid>: precision: expected one of bf16-mixed, float32, got 'fp16'$"):
         parse_grid({**raw, "precision": "fp16"})
     specs = {p: parse_grid({**raw, "precision": p} if p else raw).trial_specs()[0] for p in (None, *PRECISIONS)}
-    assert [spec["precision"] for spec in specs.values()] == [None, "bf16-mixed", "float32"]
-    assert len({spec["trial_id"] for spec in specs.values()}) == 3
+    assert [spec.precision for spec in specs.values()] == [None, "bf16-mixed", "float32"]
+    assert len({spec.trial_id for spec in specs.values()}) == 3
     cpu = torch.device("cpu")
     assert TrialRun(specs["bf16-mixed"], cpu).problem.training_precision is BF16
     assert TrialRun(specs[None], cpu).problem.training_precision is None

@@ -3,6 +3,7 @@ their trials start on files in the real on-disk formats (tiny generated stand-in
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -78,36 +79,36 @@ def _shrunk(spec):
     """The trial with the grid's methods, models, data files and every evaluation part it asks for (each
     corruption type, both attacks and the transfer attack, each bit depth), at the smallest size each part
     runs at: the lowest severity, the smallest epsilon, one PGD step, one attacked sample."""
-    config = {k: (min(v, SHRINK[k]) if k in SHRINK else v) for k, v in spec["config"].items()}
-    corruptions = {**spec["corruptions"], "severities": spec["corruptions"]["severities"][:1]}
-    adversarial = spec["adversarial"]
+    config = {k: (min(v, SHRINK[k]) if k in SHRINK else v) for k, v in spec.config.items()}
+    corruptions = {**spec.corruptions, "severities": spec.corruptions["severities"][:1]}
+    adversarial = spec.adversarial
     adversarial = {**adversarial, "epsilons": adversarial["epsilons"][:1], "pgd_steps": 1, "attack_samples": 1}
-    resources = {**spec["resources"], "gpu": 0}
-    return {**spec, "config": config, "resources": resources, "corruptions": corruptions, "adversarial": adversarial}
+    resources = {**spec.resources, "gpu": 0}
+    return dataclasses.replace(
+        spec, config=config, resources=resources, corruptions=corruptions, adversarial=adversarial
+    )
 
 
 def test_small_scale_every_method_starts_on_mnist_format_files(with_data):
     grid = load_grid(GRIDS / "small_scale.yaml")
     seen = set()
     for spec in grid.trial_specs():
-        if spec["label"] in seen or spec["dataset"] != "mnist":
+        if spec.label in seen or spec.dataset != "mnist":
             continue
-        seen.add(spec["label"])
+        seen.add(spec.label)
         outcome = run_trial(_shrunk(spec))
         evals = {m["eval_set"] for m in outcome.metrics}
-        assert {"test", "fashion_mnist", "kmnist"} <= evals, spec["label"]
-        if spec["method"] not in ("mfvi", "sngp"):  # their networks carry σ per weight, or a GP layer
+        assert {"test", "fashion_mnist", "kmnist"} <= evals, spec.label
+        if spec.method not in ("mfvi", "sngp"):  # their networks carry σ per weight, or a GP layer
             assert outcome.record["n_params"] == 784 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10
     assert seen == {m.label for m in grid.methods}
 
 
 def test_medium_scale_starts_on_cifar_format_files(with_data):
     grid = load_grid(GRIDS / "medium_scale.yaml")
-    spec = next(
-        s for s in grid.trial_specs() if s["label"] == "sgd" and s["model"] == "resnet50" and s["dataset"] == "cifar10"
-    )
+    spec = next(s for s in grid.trial_specs() if s.label == "sgd" and s.model == "resnet50" and s.dataset == "cifar10")
     spec = _shrunk(spec)
-    spec["config"] = {**spec["config"], "epochs": 1}
+    spec = dataclasses.replace(spec, config={**spec.config, "epochs": 1})
     outcome = run_trial(spec)
     evals = {m["eval_set"] for m in outcome.metrics}
     assert {"test", "svhn", "stl10"} <= evals

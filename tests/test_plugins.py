@@ -462,11 +462,11 @@ def test_import_paths_name_methods_and_models_in_a_grid(example_plugin, tmp_path
         ).read_text()
     )
     specs = parse_grid(raw, "g.yaml").trial_specs()
-    assert [(s["method"], s["label"], s["model"], s["model_options"]) for s in specs] == [
+    assert [(s.method, s.label, s.model, s.model_options) for s in specs] == [
         (renamed, renamed, tiny, {"width": 4}),
         (by_path, by_path, tiny, {"width": 4}),
     ]
-    assert specs[1]["config"]["holdout_fraction"] == 0.3
+    assert specs[1].config["holdout_fraction"] == 0.3
     assert methods.get_method(renamed) is methods.get_method(renamed)  # imported and instantiated once
     assert validate(tmp_path / "grid.yaml", capsys, monkeypatch) == (0, "")
     code, err = validate(

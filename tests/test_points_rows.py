@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from spec_fixtures import hand_spec
 
 from ursa_ray.data.synthetic_regression import make_dataset
 from ursa_ray.regression.points import anchor_points, points_frame
@@ -25,7 +26,7 @@ def test_points_rows_equal_the_dataframe_records(experiment: str, complexity: fl
     ds = make_dataset(experiment, complexity, 3)
     rng = np.random.default_rng(0)
     pred = _Predictive(rng.normal(size=len(ds.test_y)), rng.uniform(0.1, 1.0, size=len(ds.test_y)))
-    spec = {"label": "bd", "model": "mlp", "dataset": experiment, "complexity": complexity, "seed": 3, "trial_id": "t"}
+    spec = hand_spec(label="bd", model="mlp", dataset=experiment, complexity=complexity, seed=3, trial_id="t")
     where = {"complexity": complexity, "repetition": 3}
     anchor_id = f"blr-{experiment}-c{complexity:g}-s3"
     expected = pd.concat(

@@ -10,6 +10,7 @@ from ursa_ray.eval_sets import UnknownEvalSet
 from ursa_ray.evaluation.probes.base import Probe, ProbeContext, SetsProbe
 from ursa_ray.evaluation.probes.bit_depth import BitDepthProbe
 from ursa_ray.grid import parse_grid
+from ursa_ray.spec import TrialSpec
 from ursa_ray.trial import TrialRun, run_trial
 
 GRID = {
@@ -27,9 +28,9 @@ GRID = {
 
 
 @pytest.fixture(scope="module")
-def final_spec() -> dict:
+def final_spec() -> TrialSpec:
     specs = parse_grid(GRID, "probes.yaml").trial_specs()
-    return next(s for s in specs if s["phase"] == "final")
+    return next(s for s in specs if s.phase == "final")
 
 
 def test_every_evaluation_set_is_observed_by_exactly_one_probe_after_the_bit_depth_probe(final_spec):

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import io
 import pickle
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+from spec_fixtures import hand_spec
 
 from ursa_ray.cli import build_parser
 from ursa_ray.tune.callback import ResultsCallback, RunSummary
@@ -168,7 +170,7 @@ def test_a_pickled_progress_is_a_plain_log_mode_one():
 def test_the_results_callback_counts_seeds_once_per_tune_trial_and_echoes_retries_above_the_line():
     clock = Clock()
     progress, terminal = live(clock)
-    specs = [{"phase": "final", "trial_id": f"t{i}", "resources": {"cpu": 1, "gpu": 0, "custom": {}}} for i in range(3)]
+    specs = [hand_spec(trial_id=f"t{i}") for i in range(3)]
     callback = ResultsCallback(results=None, summary=RunSummary(), echo=progress, total=6, spec_table=[pack(specs)])
     assert callback.progress is progress
     callback.setup()
@@ -199,17 +201,16 @@ def test_a_recorded_final_trial_leaves_no_metric_history_in_the_driver(tmp_path)
 
     from ursa_ray.results import ResultsDirectory
 
-    spec = {"phase": "final", "trial_id": "t0", "cell": "sgd/mlp/digits", "label": "sgd", "method": "sgd",
-            "model": "mlp", "dataset": "digits", "task": "classification", "decision_task": False,
-            "complexity": None, "seed": 0, "config": {}, "resources": {"cpu": 1, "gpu": 0, "custom": {}}}  # fmt: skip
-    table = [pack([spec])]
-    callback = ResultsCallback(ResultsDirectory(tmp_path), RunSummary(), lambda line: None, total=2, spec_table=table)
+    spec = hand_spec()
+    callback = ResultsCallback(
+        ResultsDirectory(tmp_path), RunSummary(), lambda line: None, total=2, spec_table=[pack([spec])]
+    )
     kept = {}
     for phase in ("final", "search"):
         metadata = _TrainingRunMetadata()
         for step in (1, 2):
             metadata.update_metric("cpu_s", 1.5 * step, step=step)
-        config = {"group": 0} if phase == "final" else {"spec": pack({**spec, "phase": phase}), "hp": {"lr": 0.1}}
+        config = {"group": 0} if phase == "final" else {"spec": pack(replace(spec, phase=phase)), "hp": {"lr": 0.1}}
         trial = SimpleNamespace(
             trial_id=f"{phase}_1", config=config, last_result={}, checkpoint=None, node_ip="", run_metadata=metadata
         )

@@ -169,10 +169,10 @@ def test_final_specs_of_classification_cells_carry_the_reference_settings():
 
     grid = parse_grid({**GRID, "reference": {"chains": 2, "n_samples": 10, "prior_std": 0.5}})
     spec = grid.spec_for(grid.cells()[0], 0, "final", {})
-    assert spec["reference"] == {"chains": 2, "n_samples": 10, "prior_std": 0.5}
-    assert "reference" not in grid.spec_for(grid.cells()[0], 0, "search", {})
-    assert "reference" not in parse_grid(GRID).spec_for(parse_grid(GRID).cells()[0], 0, "final", {})
-    config = hmc_config(spec["reference"])
+    assert spec.reference == {"chains": 2, "n_samples": 10, "prior_std": 0.5}
+    assert grid.spec_for(grid.cells()[0], 0, "search", {}).reference is None
+    assert parse_grid(GRID).spec_for(parse_grid(GRID).cells()[0], 0, "final", {}).reference is None
+    config = hmc_config(spec.reference)
     assert (config["n_chains"], config["n_samples"], config["prior_std"], config["burn_in"]) == (2, 10, 0.5, 200)
 
 

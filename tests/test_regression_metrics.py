@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from spec_fixtures import hand_spec
 
 from ursa_ray.data.synthetic_regression import make_dataset
 from ursa_ray.evaluation import (
@@ -93,7 +94,7 @@ def test_trial_evaluates_test_set_against_truth_and_validation_split_against_noi
 def test_points_rows_carry_the_model() -> None:
     ds = make_dataset("e1", 2.0, 1)
     pred = two_sample_predictive(np.zeros(len(ds.test_y)), np.full(len(ds.test_y), 0.1))
-    spec = {"label": "bd", "model": "mlp", "dataset": "e1", "complexity": 2.0, "seed": 1, "trial_id": "t"}
+    spec = hand_spec(label="bd", model="mlp", dataset="e1", complexity=2.0, seed=1, trial_id="t")
     rows = _points(spec, ds, pred)
     models = {(row["method"], row["model"]) for row in rows}
     assert models == {("bd", "mlp"), ("blr", "true_features")}

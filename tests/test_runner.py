@@ -33,10 +33,10 @@ def test_spec_queue_hands_out_every_trial_once_in_order_without_copies(tmp_path)
     groups = seed_groups(specs)
     # 8 seeds (the default vectorize_seeds) of one cell per trial: 62 full groups and one of 4 per cell
     assert len(groups) == 10 * 63 and sorted({len(g) for g in groups}) == [4, 8]
-    assert all(len({s["cell"] for s in g}) == 1 for g in groups)
+    assert all(len({s.cell for s in g}) == 1 for g in groups)
     queue = SpecQueue(groups, str(tmp_path))
     handed = [queue.suggest(f"t{i}") for i in range(len(groups))]
-    assert [s["trial_id"] for h in handed for s in _specs(queue, h)] == [s["trial_id"] for s in specs]
+    assert [s.trial_id for h in handed for s in _specs(queue, h)] == [s.trial_id for s in specs]
     assert [s for h in handed for s in _specs(queue, h)] == specs
     assert queue.suggest("extra") == Searcher.FINISHED
     # each trial's config holds an index into the run's table of packed seed groups, its folder name and its
@@ -65,43 +65,39 @@ def test_transfer_sources_run_first_and_their_trials_wait_for_their_examples(tmp
     }
     grid = parse_grid(raw, "t.yaml")
     specs = grid.trial_specs()
-    sources = {s["seed"]: s for s in specs if s.get("transfer_source")}
-    assert sorted(sources) == [0, 1] and all(
-        s["method"] == "sgd" and s["dataset"] == "digits" for s in sources.values()
-    )
-    waiting = [s for s in specs if "transfer_from" in s]
-    assert {(s["method"], s["dataset"]) for s in waiting} == {("mc_dropout", "digits")}
-    assert all(s["transfer_from"] == sources[s["seed"]]["trial_id"] for s in waiting)
+    sources = {s.seed: s for s in specs if s.transfer_source}
+    assert sorted(sources) == [0, 1] and all(s.method == "sgd" and s.dataset == "digits" for s in sources.values())
+    waiting = [s for s in specs if s.transfer_from is not None]
+    assert {(s.method, s.dataset) for s in waiting} == {("mc_dropout", "digits")}
+    assert all(s.transfer_from == sources[s.seed].trial_id for s in waiting)
 
     results = ResultsDirectory(tmp_path)
     queue = SpecQueue(seed_groups(specs), str(tmp_path))
     first = [_specs(queue, queue.suggest(f"t{i}"))[0] for i in range(6)]  # 2 sources, then the 4 decision-task trials
-    assert [s["trial_id"] for s in first[:2]] == [sources[0]["trial_id"], sources[1]["trial_id"]]
-    assert all(s["dataset"] == "digits_imbalanced" for s in first[2:])
+    assert [s.trial_id for s in first[:2]] == [sources[0].trial_id, sources[1].trial_id]
+    assert all(s.dataset == "digits_imbalanced" for s in first[2:])
     assert queue.suggest("t6") is None  # both mc_dropout trials wait for their sources
-    results.transfer_examples(sources[0]["trial_id"]).write_bytes(b"examples")
+    results.transfer_examples(sources[0].trial_id).write_bytes(b"examples")
     queue.on_trial_complete("t0")  # seed 0's source finished and saved its examples
     released = _specs(queue, queue.suggest("t6"))[0]
-    assert released["seed"] == 0 and released["transfer_examples"] == str(
-        tmp_path / "transfer" / f"{sources[0]['trial_id']}.pt"
-    )
+    assert released.seed == 0 and released.transfer_examples == str(tmp_path / "transfer" / f"{sources[0].trial_id}.pt")
     assert queue.suggest("t7") is None
     queue.on_trial_complete("t1")  # seed 1's source failed: nothing saved, its trial runs without transfer sets
     last = _specs(queue, queue.suggest("t7"))[0]
-    assert last["seed"] == 1 and "transfer_examples" not in last
+    assert last.seed == 1 and last.transfer_examples is None
     assert queue.suggest("t8") == Searcher.FINISHED
     without = parse_grid({**raw, "adversarial": {"transfer": False}}, "t.yaml").trial_specs()
-    assert not any("transfer_source" in s or "transfer_from" in s for s in without)
+    assert not any(s.transfer_source or s.transfer_from is not None for s in without)
 
     # batched seeds: both seeds' sources are one trial, and both seeds' mc_dropout trial waits for it
     batched = seed_groups(parse_grid({**raw, "vectorize_seeds": 2}, "t.yaml").trial_specs())
     queue = SpecQueue(batched, str(tmp_path / "b"))
     handed = _specs(queue, queue.suggest("b0"))
-    assert [s["seed"] for s in handed] == [0, 1] and all(s.get("transfer_source") for s in handed)
+    assert [s.seed for s in handed] == [0, 1] and all(s.transfer_source for s in handed)
     assert [len(_specs(queue, queue.suggest(f"b{i}"))) for i in (1, 2)] == [2, 2]  # the decision-task cells
     assert queue.suggest("b3") is None
     queue.on_trial_complete("b0")
-    assert [s["seed"] for s in _specs(queue, queue.suggest("b3"))] == [0, 1]
+    assert [s.seed for s in _specs(queue, queue.suggest("b3"))] == [0, 1]
 
 
 def _point_rows(trial_id: str, method: str, n: int, shift: float = 0.0) -> list[dict]:

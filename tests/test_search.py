@@ -49,7 +49,7 @@ def test_best_search_configuration_reaches_final_phase(search_run):
     assert len(search) == 3 and len(final) == 2
     scores = search["selection"].map(lambda s: json.loads(s)["val_nll"])
     best_lr = json.loads(search.loc[scores.idxmin(), "config"])["lr"]
-    assert len({json.loads(c)["lr"] for c in search["config"]}) == 3  # three sampled configurations
+    assert len({json.loads(c)["lr"] for c in search.config}) == 3  # three sampled configurations
     for config in final["config"]:
         assert json.loads(config)["lr"] == pytest.approx(best_lr)
     metrics = pd.read_parquet(search_run / "metrics.parquet")

@@ -419,11 +419,11 @@ def test_a_cell_whose_final_phase_started_keeps_its_configuration(tmp_path, monk
     for spec, status in ((search, "failed"), (final, "ok")):
         results.add(
             {
-                "trial_id": spec["trial_id"],
-                "phase": spec["phase"],
-                "cell": spec["cell"],
+                "trial_id": spec.trial_id,
+                "phase": spec.phase,
+                "cell": spec.cell,
                 "status": status,
-                "config": json.dumps(spec["config"]),
+                "config": json.dumps(spec.config),
                 "reserved_cpu_s": 1.0,
                 "reserved_gpu_s": 0.0,
                 "selection": "{}",

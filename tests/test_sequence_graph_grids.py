@@ -84,7 +84,7 @@ def tiny_grid(method: str, model: str) -> Any:
 
 @pytest.mark.parametrize("model", list(CASES))
 @pytest.mark.parametrize("method", sorted(methods.catalogue().built_ins))
-def test_every_method_runs_end_to_end(method, model):
+def test_every_method_runs_end_to_end(method, model, stream_calls):
     grid = tiny_grid(method, model)
     specs = grid.trial_specs()
     outcomes = run_trials_batched(specs, torch.device("cpu"))
@@ -97,9 +97,11 @@ def test_every_method_runs_end_to_end(method, model):
             assert math.isfinite(values[name, "ood_auroc_entropy"]) and f"{name}@int8" in sets
         assert not any(s.startswith(("adv:", "corrupt:", "transfer:")) for s in sets)  # no pixels: skipped
         assert values["cost", "n_params"] > 0 and values["cost", "forward_flops"] > 0
-        # seeds of a Linear-only RNN train as one batched computation; the GCN's graph buffers run one a trial
-        batched = methods.get_method(method).batchable and model != "gcn"
-        assert outcome.record["seeds_in_trial"] == (2 if batched else 1)
+    # seeds of a Linear-only RNN train as one batched computation; the GCN's graph buffers run one a trial
+    if methods.get_method(method).batchable and model != "gcn":
+        assert all(together for _, together in stream_calls) and sum(n for n, _ in stream_calls) == 2
+    else:
+        assert stream_calls == [(1, False)] * 2
 
 
 def test_gcn_is_never_grouped_and_rnns_are():

@@ -7,23 +7,24 @@ import json
 import math
 
 import pyarrow as pa
+from spec_fixtures import hand_spec
 
 from ursa_ray.results import METRIC_COLUMNS, TRIAL_COLUMNS, TRIAL_SCHEMA, metric_key, trial_row
 
-SPEC = {
-    "trial_id": "final-sgd-mlp-digits-s3",
-    "phase": "final",
-    "cell": "sgd/mlp/digits",
-    "label": "sgd_wide",
-    "method": "sgd",
-    "model": "mlp",
-    "dataset": "digits",
-    "task": "classification",
-    "decision_task": False,
-    "complexity": None,
-    "seed": 3,
-    "config": {"lr": 0.1, "epochs": 2},
-}
+SPEC = hand_spec(
+    trial_id="final-sgd-mlp-digits-s3",
+    phase="final",
+    cell="sgd/mlp/digits",
+    label="sgd_wide",
+    method="sgd",
+    model="mlp",
+    dataset="digits",
+    task="classification",
+    decision_task=False,
+    complexity=None,
+    seed=3,
+    config={"lr": 0.1, "epochs": 2},
+)
 WORKER = {  # what a worker records, including fields the driver must override
     "cpu_s": 4.5,
     "train_s": 2.0,
@@ -53,11 +54,11 @@ def test_a_seed_gets_its_share_of_the_tune_trial_and_the_driver_fields_win_over_
     assert row["reserved_cpu_s"] == 6.0 and row["reserved_gpu_s"] == 1.5 and row["gpu_s"] == 1.5
     assert (row["n_cpus"], row["n_gpus"]) == (2.0, 0.5)
     assert row["seeds_in_trial"] == 2  # the Tune trial's count, not the worker's 1
-    assert row["status"] == "failed" and row["error"] == "ValueError: x" and row["trial_id"] == SPEC["trial_id"]
+    assert row["status"] == "failed" and row["error"] == "ValueError: x" and row["trial_id"] == SPEC.trial_id
     assert row["cpu_s"] == 4.5 and row["train_s"] == 2.0  # the worker's measures pass through
     assert row["node"] == "10.0.0.7"  # the record names no node: the Tune trial's
     assert math.isnan(row["complexity"]) and row["method"] == "sgd_wide" and row["method_name"] == "sgd"
-    assert json.loads(row["config"]) == SPEC["config"] and json.loads(row["selection"]) == {"val_nll": 0.25}
+    assert json.loads(row["config"]) == SPEC.config and json.loads(row["selection"]) == {"val_nll": 0.25}
     assert (row["started_at"], row["finished_at"]) == (10.0, 16.0)
     assert _row(request={"CPU": 1.0})["reserved_gpu_s"] == 0.0  # a request without GPUs reserves none
     assert trial_row(SPEC, "ok", {"node": "worker-3"}, **{**_arguments(), "node_ip": None})["node"] == "worker-3"
@@ -76,7 +77,7 @@ def test_the_row_fits_the_trials_table_schema():
 def test_metric_rows_name_their_trial_with_the_metric_table_columns():
     key = metric_key(SPEC)
     assert key == {
-        "trial_id": SPEC["trial_id"],
+        "trial_id": SPEC.trial_id,
         "method": "sgd_wide",  # the label, as in trials.parquet's method column
         "model": "mlp",
         "dataset": "digits",

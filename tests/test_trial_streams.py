@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -27,7 +29,7 @@ GRID = {
 
 @pytest.fixture(scope="module")
 def specs():
-    return {s["seed"]: s for s in parse_grid(GRID, "streams.yaml").trial_specs()}
+    return {s.seed: s for s in parse_grid(GRID, "streams.yaml").trial_specs()}
 
 
 class _StreamProbe:
@@ -124,8 +126,8 @@ def test_transfer_source_trains_its_own_network_from_streams_no_method_uses(monk
     seed: Laplace's θ_MAP, deep-ensemble member 0 and MC dropout start where sgd does).  The trial's own
     draws are unchanged by it.  Catches a source crafted on the sgd trial's own network (the old
     behaviour: one call, no second stream) and a source sharing the trial's init or data stream."""
-    source = next(s for s in _specs(ROBUST) if s["seed"] == 0)
-    assert source.get("transfer_source")
+    source = next(s for s in _specs(ROBUST) if s.seed == 0)
+    assert source.transfer_source
     probe = _RecordingProbe()
     monkeypatch.setattr(ursa_ray.prepare.methods, "get_method", lambda name: probe)
     outcome = run_trial(source)
@@ -137,7 +139,7 @@ def test_transfer_source_trains_its_own_network_from_streams_no_method_uses(monk
 
     alone = _RecordingProbe()  # the same trial without the transfer attack draws what it drew with it
     monkeypatch.setattr(ursa_ray.prepare.methods, "get_method", lambda name: alone)
-    run_trial({**source, "transfer_source": False})
+    run_trial(dataclasses.replace(source, transfer_source=False))
     assert len(alone.calls) == 1
     for stream in ("init", "data"):
         np.testing.assert_array_equal(alone.calls[0][stream], own_draws[stream])
@@ -155,14 +157,14 @@ def test_sgd_transfer_numbers_differ_from_its_white_box_numbers():
     """SGD's transfer sets are crafted on another network than its own, so its transfer accuracy is not its
     white-box accuracy (they were equal by construction when the source was the trial's own network),
     while the clean examples are the same (the same images under the same network)."""
-    source = next(s for s in _specs(ROBUST) if s["seed"] == 0)
+    source = next(s for s in _specs(ROBUST) if s.seed == 0)
     outcome = run_trial(source)
     white_box, transfer = _values(outcome, "adv:"), _values(outcome, "transfer:")
     assert transfer.keys() == white_box.keys()
     assert transfer[("clean", "accuracy")] == white_box[("clean", "accuracy")]
     attacked = [k for k in white_box if k[0] != "clean" and k[1] == "accuracy"]
     assert [transfer[k] for k in attacked] != [white_box[k] for k in attacked]
-    assert outcome.record["transfer_from"] == source["trial_id"]
+    assert outcome.record["transfer_from"] == source.trial_id
 
 
 def test_attack_draws_are_independent_of_the_corruption_draws(monkeypatch):
@@ -170,7 +172,7 @@ def test_attack_draws_are_independent_of_the_corruption_draws(monkeypatch):
     corruptions from ``corruption``: changing one stream's seed changes only its own sets.  Catches the
     old behaviour (the attack seeded from the corruption stream)."""
     grid = {**ROBUST, "methods": [{"name": "mc_dropout", "hyperparameters": {"lr": 0.05, "p": 0.3, "n_samples": 4}}]}
-    spec = next(s for s in _specs(grid) if s["seed"] == 0)
+    spec = next(s for s in _specs(grid) if s.seed == 0)
     real_seeds = ursa_ray.prepare.trial_seeds
 
     def run_with(shifted: str | None) -> dict[tuple[str, str], float]:
@@ -216,7 +218,7 @@ def test_kept_samples_come_from_every_chain_and_from_the_end_of_sampling(method,
         "methods": [{"name": method, "hyperparameters": settings}],
         "adversarial": {"attacks": ["fgsm"], "n_examples": 20, "attack_samples": 8},
     }
-    spec = next(s for s in _specs(grid) if s["seed"] == 0)
+    spec = next(s for s in _specs(grid) if s.seed == 0)
     if in_turn:
         monkeypatch.setattr(ursa_ray.methods.sgmcmc, "can_batch", lambda model, problem: False)
         monkeypatch.setattr(ursa_ray.trial.batched, "can_batch", lambda model, problem: False)

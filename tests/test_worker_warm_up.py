@@ -25,11 +25,11 @@ grid = {"name": "order", "models": [{"name": "mlp", "options": {"widths": [200, 
         "seeds": [0], "budget": {"epochs": 10, "batch_size": 64, "n_samples": 5}, "save_predictions": False,
         "methods": [{"name": "sgd", "hyperparameters": {"lr": 0.05}},
                     {"name": "sgld", "hyperparameters": {"lr": 0.1, "burn_in_epochs": 5}}]}
-specs = {s["method"]: s for s in parse_grid(grid, "order.yaml").trial_specs()}
+specs = {s.method: s for s in parse_grid(grid, "order.yaml").trial_specs()}
 torch.set_num_threads(1)
 setup = warm_up_worker(pick_device(0), [])
 def cpu_s(spec):  # as the Tune worker measures a trial (ursa_ray.tune.trainable): process CPU seconds around it,
-    warm_up_worker(pick_device(0), [spec["method"]])  # after the method's warm-up
+    warm_up_worker(pick_device(0), [spec.method])  # after the method's warm-up
     started = time.process_time()
     run_trial(spec)
     return time.process_time() - started

@@ -31,6 +31,7 @@ from ursa_ray.search_space import (
     parse_search_settings,
     parse_search_space,
 )
+from ursa_ray.spec import TrialSpec
 
 if TYPE_CHECKING:
     from ursa_ray.methods.base import Constraint, Hyperparameter
@@ -187,7 +188,7 @@ class Grid:
     statistics: dict[str, str] = field(default_factory=lambda: {"interval": "t"})
     """The validated ``statistics`` block (:func:`parse_statistics`): how ``ursa-ray report`` computes intervals;
     it changes no trial."""
-    _final_specs: list[dict[str, Any]] = field(default_factory=list, init=False, compare=False, repr=False)
+    _final_specs: list[TrialSpec] = field(default_factory=list, init=False, compare=False, repr=False)
     """The final specs without overrides once built (:meth:`trial_specs`): pickled with the grid, so the driver
     reads them without the registries."""
 
@@ -218,10 +219,8 @@ class Grid:
         for cell in self.cells():
             self.spec_for(cell, self.seeds[0], "final", {})
 
-    def trial_specs(
-        self, phase: str = "final", overrides: dict[str, dict[str, Any]] | None = None
-    ) -> list[dict[str, Any]]:
-        """Every final-phase trial of the grid as a JSON-able spec.
+    def trial_specs(self, phase: str = "final", overrides: dict[str, dict[str, Any]] | None = None) -> list[TrialSpec]:
+        """Every trial of the grid in ``phase`` (final by default), one spec each.
 
         ``overrides`` maps a cell key (see :func:`cell_key`) to the hyperparameters found by the search
         phase; they replace the grid's fixed values for that cell.  The final specs without overrides are built
@@ -236,53 +235,56 @@ class Grid:
             for seed in self.seeds:
                 specs.append(self.spec_for(cell, seed, phase, extra))
         if phase == "final" and self.adversarial["transfer"]:
-            _link_transfer_sources(specs)
+            specs = _link_transfer_sources(specs)
         if phase == "final" and self.reference is not None:
-            specs = _link_references(specs, self.reference) + specs
+            references, specs = _link_references(specs, self.reference)
+            specs = references + specs
         if phase == "final" and not overrides:
             self._final_specs[:] = specs
             return list(specs)
         return specs
 
-    def spec_for(self, cell: dict[str, Any], seed: int, phase: str, extra: dict[str, Any]) -> dict[str, Any]:
+    def spec_for(self, cell: dict[str, Any], seed: int, phase: str, extra: dict[str, Any]) -> TrialSpec:
+        """The spec of ``cell``'s trial with ``seed`` in ``phase``, its configuration the grid's fixed values
+        with ``extra`` (a search's sampled or selected hyperparameters) over them: the one place a
+        :class:`~ursa_ray.spec.TrialSpec` is made."""
         from ursa_ray import data, methods
         from ursa_ray.methods.base import resolve_config
 
         m: MethodEntry = cell["method"]
         fixed = {k: v for _, layer in _layers(m, cell["model"].name, self.budget) for k, v in layer.items()}
-        config = resolve_config(methods.get_method(m.name), {**fixed, **extra})
-        spec = {
-            "phase": phase,
-            "method": m.name,
-            "label": m.label,
-            "model": cell["model"].name,
-            "model_options": cell["model"].options,
-            "dataset": cell["dataset"].name,
-            "task": cell["dataset"].task,
-            "decision_task": data.dataset_spec(cell["dataset"].name, cell["dataset"].file).decision_task,
-            "dataset_options": cell["dataset_options"],
-            "dataset_file": cell["dataset"].file,
-            "complexity": cell["complexity"],
-            "ood": list(cell["dataset"].ood),
-            "seed": int(seed),
-            "config": config,
-            "save_predictions": self.save_predictions,
-            "bit_depths": list(self.bit_depths),
-            "precision": self.precision,
-            "corruptions": self.corruptions,
-            "adversarial": self.adversarial,
-            "data_root": self.data_root,
-            "download": self.download,
-            "resources": self.resources_for(m, cell["model"]),
-            "cell": cell_key(cell),
-        }
-        if phase == "search" and self.search is not None:
-            spec["validation_fraction"] = self.search.validation_fraction
-        if phase == "final" and self.reference is not None and spec["task"] == "classification":
-            spec["reference"] = self.reference
-        spec["vectorize_seeds"] = self.vectorized_seeds(m, cell["model"].name) if phase == "final" else 1
-        spec["trial_id"] = trial_id(spec)
-        return spec
+        task = cell["dataset"].task
+        spec = TrialSpec(
+            phase=phase,
+            method=m.name,
+            label=m.label,
+            model=cell["model"].name,
+            model_options=cell["model"].options,
+            dataset=cell["dataset"].name,
+            task=task,
+            decision_task=data.dataset_spec(cell["dataset"].name, cell["dataset"].file).decision_task,
+            dataset_options=cell["dataset_options"],
+            dataset_file=cell["dataset"].file,
+            complexity=cell["complexity"],
+            ood=tuple(cell["dataset"].ood),
+            seed=int(seed),
+            config=resolve_config(methods.get_method(m.name), {**fixed, **extra}),
+            save_predictions=self.save_predictions,
+            bit_depths=tuple(self.bit_depths),
+            precision=self.precision,
+            corruptions=self.corruptions,
+            adversarial=self.adversarial,
+            data_root=self.data_root,
+            download=self.download,
+            resources=self.resources_for(m, cell["model"]),
+            cell=cell_key(cell),
+            vectorize_seeds=self.vectorized_seeds(m, cell["model"].name) if phase == "final" else 1,
+            validation_fraction=(
+                self.search.validation_fraction if phase == "search" and self.search is not None else None
+            ),
+            reference=self.reference if phase == "final" and task == "classification" else None,
+        )
+        return dataclasses.replace(spec, trial_id=trial_id(spec))
 
     def resources_for(self, method: MethodEntry, model: ModelEntry) -> dict[str, Any]:
         """The resources one trial of ``method`` on ``model`` asks Ray for, ``{cpu, gpu, custom}``.
@@ -313,52 +315,61 @@ TRANSFER_SOURCE_METHOD = "sgd"
 """The method whose adversarial examples every other method of the same (model, dataset, seed) is scored on."""
 
 
-def _link_transfer_sources(specs: list[dict[str, Any]]) -> None:
-    """Mark the transfer attack's trials in final ``specs`` (in-domain classification only): the first
-    ``sgd`` entry's trial of each (model, dataset, dataset options, seed) gets ``transfer_source: True``, every
+def _link_transfer_sources(specs: list[TrialSpec]) -> list[TrialSpec]:
+    """Final ``specs`` with the transfer attack's trials marked (in-domain classification only): the first
+    ``sgd`` entry's trial of each (model, dataset, dataset options, seed) gets ``transfer_source=True``, every
     other trial of the same (model, dataset, options, seed) ``transfer_from``: that trial's id.  The run
     orchestration runs the sources first and hands the others the examples they saved."""
 
-    def where(spec: dict[str, Any]) -> str:
+    def where(spec: TrialSpec) -> str:
         return json.dumps(
-            [spec[k] for k in ("model", "model_options", "dataset", "dataset_options", "seed")], sort_keys=True
+            [spec.model, spec.model_options, spec.dataset, spec.dataset_options, spec.seed], sort_keys=True
         )
 
     sources: dict[str, str] = {}
     for spec in specs:
-        if spec["task"] == "classification" and not spec["decision_task"] and spec["method"] == TRANSFER_SOURCE_METHOD:
-            if sources.setdefault(where(spec), spec["trial_id"]) == spec["trial_id"]:
-                spec["transfer_source"] = True
+        if spec.task == "classification" and not spec.decision_task and spec.method == TRANSFER_SOURCE_METHOD:
+            sources.setdefault(where(spec), spec.trial_id)
+    marked = []
     for spec in specs:
         source = sources.get(where(spec))
-        if source is not None and source != spec["trial_id"]:
-            spec["transfer_from"] = source
+        if source == spec.trial_id:
+            spec = dataclasses.replace(spec, transfer_source=True)
+        elif source is not None:
+            spec = dataclasses.replace(spec, transfer_from=source)
+        marked.append(spec)
+    return marked
 
 
-def _link_references(specs: list[dict[str, Any]], settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """The reference trials of final ``specs``: one per classification (model, options, dataset, options, file,
-    OOD sets), phase ``reference`` (:func:`ursa_ray.reference.reference_spec`, cell ``reference/MODEL/DATASET``),
-    made from the first spec of that cell; every spec of the cell gets ``reference_from``: its id.  The run
-    orchestration runs the references first and the others once theirs has finished."""
+def _link_references(specs: list[TrialSpec], settings: dict[str, Any]) -> tuple[list[TrialSpec], list[TrialSpec]]:
+    """(the reference trials, ``specs`` linked to them) of final ``specs``: one reference per classification
+    (model, options, dataset, options, file, OOD sets), phase ``reference`` (:func:`ursa_ray.reference.reference_spec`,
+    cell ``reference/MODEL/DATASET``), made from the first spec of that cell; every spec of the cell gets
+    ``reference_from``: its id.  The run orchestration runs the references first and the others once theirs
+    has finished."""
     from ursa_ray import reference
 
-    def where(spec: dict[str, Any]) -> str:
-        keys = ("model", "model_options", "dataset", "dataset_options", "dataset_file", "ood")
-        return json.dumps([spec[k] for k in keys], sort_keys=True, default=str)
+    def where(spec: TrialSpec) -> str:
+        keys = (spec.model, spec.model_options, spec.dataset, spec.dataset_options, spec.dataset_file, spec.ood)
+        return json.dumps(list(keys), sort_keys=True, default=str)
 
-    made: dict[str, dict[str, Any]] = {}
+    made: dict[str, TrialSpec] = {}
+    linked = []
     for spec in specs:
-        if "reference" not in spec:
+        if spec.reference is None:
+            linked.append(spec)
             continue
         ref = made.get(where(spec))
         if ref is None:
-            ref = reference.reference_spec(spec, settings)
-            ref.update(cell=f"reference/{spec['model']}/{spec['dataset']}", vectorize_seeds=1)
-            ref.pop("transfer_from", None)
-            ref["trial_id"] = trial_id(ref)
-            made[where(spec)] = ref
-        spec["reference_from"] = ref["trial_id"]
-    return list(made.values())
+            ref = dataclasses.replace(
+                reference.reference_spec(spec, settings),
+                cell=f"reference/{spec.model}/{spec.dataset}",
+                vectorize_seeds=1,
+                transfer_from=None,
+            )
+            ref = made[where(spec)] = dataclasses.replace(ref, trial_id=trial_id(ref))
+        linked.append(dataclasses.replace(spec, reference_from=ref.trial_id))
+    return list(made.values()), linked
 
 
 def _layers(entry: MethodEntry, model: str, budget: Mapping[str, int]) -> tuple[tuple[str, dict[str, Any]], ...]:
@@ -383,22 +394,22 @@ def cell_key(cell: dict[str, Any]) -> str:
     return "/".join(parts)
 
 
-def trial_id(spec: dict[str, Any]) -> str:
+def trial_id(spec: TrialSpec) -> str:
     """Deterministic id: the same trial in a rerun of the same grid gets the same id (this makes resume work).
     It hashes everything a result depends on: phase, method, model and dataset with their options, OOD sets,
     seed, configuration, and for a dataset read from files its ``file`` block with the sha256 of the files'
     content (so changed data is a new trial, and a new grid for :func:`ursa_ray.guard.grid_fingerprint`), but
     not the files' paths (moving the project keeps a results directory resumable)."""
     identity = {
-        k: spec[k]
+        k: getattr(spec, k)
         for k in ("phase", "method", "model", "model_options", "dataset", "dataset_options", "ood", "seed", "config")
     }
-    if spec.get("precision") is not None:  # a grid without the key keeps its trials' ids
-        identity["precision"] = spec["precision"]
-    if spec.get("dataset_file") is not None:
-        identity["dataset_file"] = {k: v for k, v in spec["dataset_file"].items() if k not in ("path", "ood")}
+    if spec.precision is not None:  # a grid without the key keeps its trials' ids
+        identity["precision"] = spec.precision
+    if spec.dataset_file is not None:
+        identity["dataset_file"] = {k: v for k, v in spec.dataset_file.items() if k not in ("path", "ood")}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    return f"{spec['phase']}-{spec['cell'].replace('/', '-')}-s{spec['seed']}-{digest}"
+    return f"{spec.phase}-{spec.cell_slug}-s{spec.seed}-{digest}"
 
 
 def _fail(path: str, where: str, message: str) -> GridError:

@@ -74,7 +74,7 @@ def grid_fingerprint(grid: Grid) -> str:
     """sha256 of the grid's identity: its sorted final trial ids (which hash every trial's method, model,
     dataset, options, seed and configuration), its search settings and searched spaces.  Comments, key order
     and other cosmetic YAML changes do not change it."""
-    identity: dict[str, Any] = {"final_trials": sorted(s["trial_id"] for s in grid.trial_specs())}
+    identity: dict[str, Any] = {"final_trials": sorted(s.trial_id for s in grid.trial_specs())}
     if grid.search is not None:
         identity["search"] = dataclasses.asdict(grid.search)
         identity["search_spaces"] = {m.label: m.search_space for m in grid.methods if m.search_space}

@@ -18,6 +18,7 @@ from ursa_ray.evaluation.corruptions import corrupt
 from ursa_ray.evaluation.precision import evaluation_precision, keep_output_layer_float32
 from ursa_ray.methods._training import autocast_dtype, default_precision
 from ursa_ray.methods.base import Categorical, Gaussian, Problem
+from ursa_ray.spec import TrialSpec
 
 EvalSets = dict[str, tuple[Tensor, Tensor | None]]
 """Evaluation sets by name: inputs on the trial's device, targets on the CPU (None for an OOD set)."""
@@ -81,9 +82,9 @@ class ModelBuilder:
     a GPU, the output layer kept float32 under any autocast.  ``n_params`` counts the parameters of the
     model as built (before a method adds its own), set by the first build."""
 
-    def __init__(self, spec: Mapping[str, Any], ds: data.base.Dataset, device: torch.device, float32_output: bool):
-        self.model_spec = models.get_model(spec["model"])
-        self.kwargs = dict(spec["model_options"])
+    def __init__(self, spec: TrialSpec, ds: data.base.Dataset, device: torch.device, float32_output: bool):
+        self.model_spec = models.get_model(spec.model)
+        self.kwargs = dict(spec.model_options)
         if self.model_spec.needs_feature_map:
             self.kwargs["feature_map"] = ds.feature_map
         self.input_shape, self.n_outputs = ds.input_shape, ds.n_outputs
@@ -123,7 +124,7 @@ class PreparedTrial:
     evaluation sets the probes observe (``full_precision_sets``: the ones also evaluated at lower bit
     depths; ``robustness``: whether corruptions and attacks apply)."""
 
-    spec: Mapping[str, Any]
+    spec: TrialSpec
     device: torch.device
     seeds: dict[str, int]
     ds: data.base.Dataset
@@ -141,46 +142,46 @@ class PreparedTrial:
     started_cpu: float
 
 
-def split_sets(spec: Mapping[str, Any], ds: data.base.Dataset) -> tuple[Tensor, Tensor, EvalSets]:
+def split_sets(spec: TrialSpec, ds: data.base.Dataset) -> tuple[Tensor, Tensor, EvalSets]:
     """(training inputs, targets, evaluation sets): the search phase trains on the training set less a
     seeded validation split and evaluates on that split; any other phase trains on the whole training set
     and evaluates on the test set and the OOD sets."""
-    if spec["phase"] != "search":
+    if spec.phase != "search":
         return ds.train_x, ds.train_y, {"test": (ds.test_x, ds.test_y)} | {n: (x, None) for n, x in ds.ood.items()}
-    fit, val = validation_split(len(ds.train_y), spec["validation_fraction"], int(spec["seed"]))
+    fit, val = validation_split(len(ds.train_y), spec.validation_fraction, spec.seed)
     return ds.train_x[fit], ds.train_y[fit], {"validation": (ds.train_x[val], ds.train_y[val])}
 
 
-def prepare(spec: Mapping[str, Any], device: torch.device | None = None, own_init: bool = False) -> PreparedTrial:
+def prepare(spec: TrialSpec, device: torch.device | None = None, own_init: bool = False) -> PreparedTrial:
     """Seed the trial's streams (:func:`trial_seeds`: torch's and numpy's global generators from ``init``,
     the problem's generator from ``data``), load and split its data onto ``device``, corrupt its test set
     (final classification trials of image cells, the composites use no other) and set up its problem.
     ``own_init``: networks from a generator state of the trial's own (:func:`own_init_stream`)."""
     started_cpu, start_wall = time.process_time(), time.perf_counter()
-    device = device or pick_device(spec["resources"]["gpu"])
-    seeds = trial_seeds(int(spec["seed"]))
+    device = device or pick_device(spec.resources["gpu"])
+    seeds = trial_seeds(spec.seed)
     torch.manual_seed(seeds["init"])
     np.random.seed(seeds["init"] % 2**32)
     generator = torch.Generator().manual_seed(seeds["data"])
-    dataset_spec = data.dataset_spec(spec["dataset"], spec.get("dataset_file"))  # registered, or read from files
-    root = data.base.data_root(spec["data_root"])
-    ds = dataset_spec.load(spec["dataset_options"], tuple(spec["ood"]), root, spec["download"], int(spec["seed"]))
+    dataset_spec = data.dataset_spec(spec.dataset, spec.dataset_file)  # registered, or read from files
+    root = data.base.data_root(spec.data_root)
+    ds = dataset_spec.load(spec.dataset_options, spec.ood, root, spec.download, spec.seed)
     train_x, train_y, eval_sets = split_sets(spec, ds)
     full_precision_sets = list(eval_sets)
     train_x, train_y = train_x.to(device), train_y.to(device)
     eval_sets = {k: (x.to(device), y) for k, (x, y) in eval_sets.items()}
-    robustness = spec["phase"] == "final" and ds.task == "classification" and not spec["decision_task"]
+    robustness = spec.phase == "final" and ds.task == "classification" and not spec.decision_task
     robustness = robustness and ds.pixel_mean is not None  # tabular data have no pixels to perturb
     if robustness:
-        eval_sets.update(corrupted_sets(ds, eval_sets["test"], spec["corruptions"], seeds["corruption"]))
+        eval_sets.update(corrupted_sets(ds, eval_sets["test"], spec.corruptions, seeds["corruption"]))
     precision = evaluation_precision(device, ds.task)
-    training_precision = spec.get("precision") or default_precision(device, ds.task)
+    training_precision = spec.precision or default_precision(device, ds.task)
     training_dtype = autocast_dtype(training_precision)
     build = ModelBuilder(spec, ds, device, precision is not None or training_dtype is not None)
     make_model = own_init_stream(build, seeds["init"]) if own_init else build
     likelihood = Categorical() if ds.task == "classification" else Gaussian(float(ds.noise_std))
     problem = Problem(train_x, train_y, likelihood, make_model, generator, device, ds.augment, training_dtype)
-    method = methods.get_method(spec["method"])
+    method = methods.get_method(spec.method)
     setup_s = time.perf_counter() - start_wall
     return PreparedTrial(
         spec, device, seeds, ds, problem, method, eval_sets, full_precision_sets, robustness, precision,

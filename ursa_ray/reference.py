@@ -26,6 +26,7 @@ reference depends on, so a changed prior, model or data is another file.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -42,6 +43,7 @@ from ursa_ray.evaluation import fidelity
 from ursa_ray.methods import get_method
 from ursa_ray.methods.base import Hyperparameter, resolve_config
 from ursa_ray.results import Location
+from ursa_ray.spec import TrialSpec
 
 N_DIAGNOSTIC_EXAMPLES = 25
 """Test examples whose per-draw predictive probabilities (all classes) the convergence check monitors."""
@@ -92,19 +94,19 @@ def hmc_config(settings: Mapping[str, Any]) -> dict[str, Any]:
     return resolve_config(get_method("hmc"), {**given, "n_chains": int({**SETTINGS_DEFAULTS, **settings}["chains"])})
 
 
-def fingerprint(spec: Mapping[str, Any], settings: Mapping[str, Any], data_digest: str) -> str:
+def fingerprint(spec: TrialSpec, settings: Mapping[str, Any], data_digest: str) -> str:
     """sha256 (first 16 hex digits) of what a reference depends on: dataset, its options and file block
     (paths left out; ``data_digest`` hashes the tensors themselves), model and options, the task (so the
     likelihood), the resolved HMC configuration (prior, temperature, chains, samples, burn-in...), the
     reference's seed and thresholds."""
     identity = {
-        "dataset": spec["dataset"],
-        "dataset_options": spec["dataset_options"],
-        "dataset_file": {k: v for k, v in (spec.get("dataset_file") or {}).items() if k not in ("path", "ood")},
-        "ood": list(spec["ood"]),
-        "model": spec["model"],
-        "model_options": spec["model_options"],
-        "task": spec["task"],
+        "dataset": spec.dataset,
+        "dataset_options": spec.dataset_options,
+        "dataset_file": {k: v for k, v in (spec.dataset_file or {}).items() if k not in ("path", "ood")},
+        "ood": list(spec.ood),
+        "model": spec.model,
+        "model_options": spec.model_options,
+        "task": spec.task,
         "config": hmc_config(settings),
         "settings": {**SETTINGS_DEFAULTS, **settings},
         "data": data_digest,
@@ -122,22 +124,22 @@ def data_digest(ds: Dataset) -> str:
     return h.hexdigest()
 
 
-def reference_spec(spec: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+def reference_spec(spec: TrialSpec, settings: Mapping[str, Any]) -> TrialSpec:
     """The trial spec of a cell's reference, from any final spec of the cell: method ``hmc`` with
     :func:`hmc_config`, phase ``reference``, the reference's own seed, nothing saved or attacked."""
     merged = {**SETTINGS_DEFAULTS, **settings}
-    return {
-        **spec,
-        "method": "hmc",
-        "label": "reference",
-        "phase": "reference",
-        "seed": int(merged["seed"]),
-        "config": hmc_config(settings),
-        "save_predictions": False,
-        "bit_depths": [],
-        "transfer_source": False,
-        "transfer_examples": None,
-    }
+    return dataclasses.replace(
+        spec,
+        method="hmc",
+        label="reference",
+        phase="reference",
+        seed=int(merged["seed"]),
+        config=hmc_config(settings),
+        save_predictions=False,
+        bit_depths=(),
+        transfer_source=False,
+        transfer_examples=None,
+    )
 
 
 @dataclass

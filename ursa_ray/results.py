@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
 import re
 import shutil
@@ -60,6 +59,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ursa_ray.eval_sets import kinds_by_name
+from ursa_ray.spec import TrialSpec
 
 TRIAL_SCHEMA = pa.schema([
     ("trial_id", pa.string()), ("phase", pa.string()), ("cell", pa.string()), ("method", pa.string()),
@@ -112,21 +112,21 @@ def with_eval_kinds(metrics: pd.DataFrame) -> pd.DataFrame:
     return metrics.assign(eval_kind=kinds.mask(missing, names.map(kinds_by_name(names.unique()))))
 
 
-def metric_key(spec: Mapping[str, Any]) -> dict[str, Any]:
+def metric_key(spec: TrialSpec) -> dict[str, Any]:
     """The columns of a metrics.parquet row (:data:`METRIC_SCHEMA`) that name its trial, from the trial's spec
     (``method`` is the method's label); a row adds its evaluation set, metric and value."""
     return {
-        "trial_id": spec["trial_id"],
-        "method": spec["label"],
-        "model": spec["model"],
-        "dataset": spec["dataset"],
-        "seed": int(spec["seed"]),
-        "phase": spec["phase"],
+        "trial_id": spec.trial_id,
+        "method": spec.label,
+        "model": spec.model,
+        "dataset": spec.dataset,
+        "seed": int(spec.seed),
+        "phase": spec.phase,
     }
 
 
 def trial_row(
-    spec: Mapping[str, Any],
+    spec: TrialSpec,
     status: str,
     record: Mapping[str, Any],
     *,
@@ -151,20 +151,20 @@ def trial_row(
     n_cpus, n_gpus = request.get("CPU", 0.0), request.get("GPU", 0.0)
     return {
         **record,
-        "trial_id": spec["trial_id"],
-        "phase": spec["phase"],
-        "cell": spec["cell"],
-        "method": spec["label"],
-        "method_name": spec["method"],
-        "model": spec["model"],
-        "dataset": spec["dataset"],
-        "task": spec["task"],
-        "decision_task": spec["decision_task"],
-        "complexity": math.nan if spec["complexity"] is None else float(spec["complexity"]),
-        "seed": spec["seed"],
+        "trial_id": spec.trial_id,
+        "phase": spec.phase,
+        "cell": spec.cell,
+        "method": spec.label,
+        "method_name": spec.method,
+        "model": spec.model,
+        "dataset": spec.dataset,
+        "task": spec.task,
+        "decision_task": spec.decision_task,
+        "complexity": spec.complexity_or_nan,
+        "seed": spec.seed,
         "status": status,
         "error": record.get("error", "") or "",
-        "config": json.dumps(spec["config"], sort_keys=True),
+        "config": json.dumps(spec.config, sort_keys=True),
         "wall_s": wall,
         "gpu_s": n_gpus * wall,
         "reserved_cpu_s": n_cpus * wall,

@@ -37,6 +37,7 @@ from ursa_ray.methods import batched
 from ursa_ray.methods.base import Categorical, Method, Problem, as_method
 from ursa_ray.prepare import PreparedTrial, pick_device, prepare
 from ursa_ray.results import Location, metric_key, with_eval_kind
+from ursa_ray.spec import TrialSpec
 
 
 @dataclass
@@ -118,7 +119,7 @@ def _sample_plan(trial: PreparedTrial) -> tuple[int, int, bool]:
     """(S, C, in turn): the samples per chain and chains of the method's stream (:func:`planned_samples`)
     and, with several chains, whether they run in turn (:func:`chains_in_turn`, on a network built with
     torch's generator put back afterwards)."""
-    per_chain, n_chains = planned_samples(trial.method, trial.spec["config"], trial.problem)
+    per_chain, n_chains = planned_samples(trial.method, trial.spec.config, trial.problem)
     in_turn = False
     if n_chains > 1:
         with torch.random.fork_rng(devices=[]):
@@ -144,7 +145,7 @@ class TrialRun:
     with its ``init`` seed) rather than torch's global generator, so that several trials prepared side by
     side each build the networks they would alone."""
 
-    def __init__(self, spec: Mapping[str, Any], device: torch.device | None = None, own_init_stream: bool = False):
+    def __init__(self, spec: TrialSpec, device: torch.device | None = None, own_init_stream: bool = False):
         self.trial = trial = prepare(spec, device, own_init_stream)
         self.spec, self.device, self.seeds, self.ds = spec, trial.device, trial.seeds, trial.ds
         self.problem, self.method, self.eval_sets = trial.problem, trial.method, trial.eval_sets
@@ -191,20 +192,20 @@ class TrialRun:
         spec, ds = self.spec, self.ds
         n_samples = next(iter(self.accumulators.values())).n_samples
         if n_samples == 0:
-            raise RuntimeError(f"method {spec['method']} produced no posterior samples")
+            raise RuntimeError(f"method {spec.method} produced no posterior samples")
         values: dict[str, dict[str, float]] = {}
         for probe in self.probes:  # two families may report on one set (their metric names differ)
             for name, table in probe.compute().items():
                 values.setdefault(name, {}).update(table)
         transfer = next((p for p in self.probes if isinstance(p, TransferProbe)), None)
         outcome = TrialOutcome(record={}, transfer_examples=None if transfer is None else transfer.crafted)
-        if spec["phase"] == "final" and ds.task != "classification" and not ds.test_y_observed:
+        if spec.phase == "final" and ds.task != "classification" and not ds.test_y_observed:
             outcome.points = _points(spec, ds, self.accumulators["test"])  # a file's regression set has no truth
         if "validation" in values:
             outcome.selection = {f"val_{k}": float(v) for k, v in values["validation"].items()}
         values["cost"] = self.cost(n_samples)
         outcome.metrics = metric_rows(spec, values)
-        if spec["save_predictions"] and spec["phase"] == "final" and ds.task == "classification":
+        if spec.save_predictions and spec.phase == "final" and ds.task == "classification":
             outcome.predictions = {name: table for probe in self.probes for name, table in probe.rows().items()}
         # the trial whose examples the transfer sets are (the source's own id for itself)
         outcome.record = self.record(n_samples, transfer.source if transfer and transfer.attacked.n_kept else "")
@@ -221,7 +222,7 @@ class TrialRun:
             "n_params": float(self.n_params),
             "n_samples": float(n_samples),
             **cost_metrics_at_test_time(
-                self.method, self.last_predictor, self.spec["config"], n_samples, self.ds.input_shape
+                self.method, self.last_predictor, self.spec.config, n_samples, self.ds.input_shape
             ),
         }
 
@@ -242,11 +243,10 @@ class TrialRun:
             "accept_rate": float(stats.get("accept_rate", math.nan)),
             "method_stats": json.dumps({k: float(v) for k, v in stats.items()}, sort_keys=True),
             "transfer_from": transfer_from,
-            "seeds_in_trial": 1,
         }
 
 
-def metric_rows(spec: Mapping[str, Any], values: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
+def metric_rows(spec: TrialSpec, values: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
     """Long-format ``metrics.parquet`` rows of a trial: one per (evaluation set, metric), each with the
     ``eval_kind`` of its set.  A set name outside :mod:`ursa_ray.eval_sets`' grammar raises here, in the
     worker, so that the trial that made it is recorded as failed (the driver would refuse its rows)."""
@@ -277,7 +277,7 @@ def _stream_into(runs: list[TrialRun], stream: Any, batched_stream: bool, progre
 
 
 def run_trial(
-    spec: Mapping[str, Any],
+    spec: TrialSpec,
     device: torch.device | None = None,
     progress: Callable[[int, dict[str, float], dict[str, float]], None] | None = None,
 ) -> TrialOutcome:
@@ -286,19 +286,19 @@ def run_trial(
     ``progress(n_samples, validation_metrics, cost_so_far)`` is called after each posterior sample in the
     search phase (the running posterior predictive on the validation split), for early stopping."""
     run = TrialRun(spec, device)
-    stream = run.method.sample_posterior(run.problem, spec["config"], run.stats)
+    stream = run.method.sample_posterior(run.problem, spec.config, run.stats)
     run.train_s = _stream_into([run], stream, False, progress)
     return run.finish()
 
 
-def run_trials_batched(specs: list[Mapping[str, Any]], device: torch.device | None = None) -> list[TrialOutcome]:
+def run_trials_batched(specs: list[TrialSpec], device: torch.device | None = None) -> list[TrialOutcome]:
     """Run the trials of ``specs`` -- seeds of one (method, model, dataset, configuration) -- with the
     method's batched stream (``sample_posterior_batched``; :mod:`ursa_ray.methods.batched`): every trial
     gets the outcome it would alone (its own data, initialisation, random streams, evaluation), but the
     training is one computation.  The training seconds, like the trial's other shared costs, are split
-    evenly over the trials (``seeds_in_trial`` says how many shared it).  The seeds run in chunks whose
-    copies (seeds × the method's ``batched_copies(config, model)``: ensemble members, chains, what it keeps
-    per seed) fit
+    evenly over the trials (the driver's trial row says how many shared it: ``seeds_in_trial``).  The seeds
+    run in chunks whose copies (seeds × the method's ``batched_copies(config, model)``: ensemble members,
+    chains, what it keeps per seed) fit
     :data:`~ursa_ray.methods.batched.COPY_MEMORY_BUDGET` (:func:`~ursa_ray.methods.batched.max_copies`).
     A method without a batched stream, or a network too large to batch, runs the trials one after another."""
     first = TrialRun(specs[0], device, own_init_stream=True)
@@ -308,7 +308,7 @@ def run_trials_batched(specs: list[Mapping[str, Any]], device: torch.device | No
     if not method.batchable or not batched.can_batch(probe, first.problem):
         return [run_trial(spec, device) for spec in specs]
     runs = [first] + [TrialRun(spec, device, own_init_stream=True) for spec in specs[1:]]
-    config = specs[0]["config"]
+    config = specs[0].config
     copies_per_seed = method.batched_copies(config, probe)
     batch = config.get("batch_size", runs[0].problem.n_train)  # full-batch methods (HMC) pass every example
     fit = max(1, batched.max_copies(probe, batch, math.prod(runs[0].ds.input_shape)) // copies_per_seed)
@@ -319,18 +319,16 @@ def run_trials_batched(specs: list[Mapping[str, Any]], device: torch.device | No
         train_s = _stream_into(chunk, stream, True)
         for run in chunk:
             run.train_s = train_s / len(chunk)
-            outcome = run.finish()
-            outcome.record["seeds_in_trial"] = len(runs)
-            outcomes.append(outcome)
+            outcomes.append(run.finish())
     return outcomes
 
 
-def run_reference_trial(spec: Mapping[str, Any], device: torch.device | None = None) -> TrialOutcome:
+def run_reference_trial(spec: TrialSpec, device: torch.device | None = None) -> TrialOutcome:
     """A reference trial (phase ``reference``, :func:`ursa_ray.grid._link_references`): its cell's reference
-    reused from ``spec["references_dir"]`` or computed and stored there (:func:`stored_or_computed`); metric rows
+    reused from ``spec.references_dir`` or computed and stored there (:func:`stored_or_computed`); metric rows
     ``reference:SET`` (its noise floor ``noise_*``, ``rhat_max``, ``ess_bulk_min``, ``converged``) and ``cost``
     (``computed``: 1 when this trial ran the chains, 0 when it reused them; the stored run's cost either way)."""
-    ref, computed = stored_or_computed(spec, spec["reference"], Location.parse(spec["references_dir"]), device)
+    ref, computed = stored_or_computed(spec, spec.reference, Location.parse(spec.references_dir), device)
     values = {
         f"reference:{name}": {**{f"noise_{k}": v for k, v in floor.items()}, **ref.convergence.as_metrics()}
         for name, floor in ref.noise_floor.items()
@@ -349,50 +347,47 @@ def run_reference_trial(spec: Mapping[str, Any], device: torch.device | None = N
         "setup_s": spent.get("setup_s", 0.0),
         "train_s": spent.get("train_s", 0.0),
         "eval_s": spent.get("eval_s", 0.0),
-        "device": str(device or pick_device(spec["resources"]["gpu"])),
+        "device": str(device or pick_device(spec.resources["gpu"])),
         "grad_evals": float(ref.cost.get("grad_evals", math.nan)) if computed else 0.0,
         "accept_rate": float(ref.cost.get("accept_rate", math.nan)),
         "method_stats": json.dumps(
             {"fingerprint": ref.fingerprint, "computed": computed, **ref.convergence.as_metrics()}, sort_keys=True
         ),
         "transfer_from": "",
-        "seeds_in_trial": 1,
     }
     return outcome
 
 
-def _points(spec: Mapping[str, Any], ds: data.base.Dataset, pred: RegressionPredictive) -> list[dict[str, Any]]:
+def _points(spec: TrialSpec, ds: data.base.Dataset, pred: RegressionPredictive) -> list[dict[str, Any]]:
     """Per-test-point rows for the method and for the exact anchor model (method "blr"), built column-wise
     without DataFrames (:func:`~ursa_ray.regression.points.points_rows`; docs/vectorised.md)."""
     from ursa_ray.regression.anchor import anchor_for_dataset
     from ursa_ray.regression.points import ANCHOR_METHOD, ANCHOR_MODEL, points_rows
 
-    complexity = float(spec["complexity"]) if spec["complexity"] is not None else math.nan
-    where = {"complexity": complexity, "repetition": int(spec["seed"])}
-    rows = points_rows(
-        ds, pred.mean, pred.std, method=spec["label"], model=spec["model"], trial_id=spec["trial_id"], **where
-    )
+    complexity = spec.complexity_or_nan
+    where = {"complexity": complexity, "repetition": spec.seed}
+    rows = points_rows(ds, pred.mean, pred.std, method=spec.label, model=spec.model, trial_id=spec.trial_id, **where)
     if ds.feature_map is not None:
-        anchor_id = f"blr-{spec['dataset']}-c{complexity:g}-s{spec['seed']}"
+        anchor_id = f"blr-{spec.dataset}-c{complexity:g}-s{spec.seed}"
         mean, std = anchor_for_dataset(ds)
         rows += points_rows(ds, mean, std, method=ANCHOR_METHOD, model=ANCHOR_MODEL, trial_id=anchor_id, **where)
     return rows
 
 
 def compute_reference(
-    spec: Mapping[str, Any], settings: Mapping[str, Any], device: torch.device | None = None
+    spec: TrialSpec, settings: Mapping[str, Any], device: torch.device | None = None
 ) -> reference.Reference:
     """Run the reference of ``spec``'s cell (:mod:`ursa_ray.reference`: the existing HMC with the grid's
     reference settings, its chains' predictives accumulated online) and check it."""
     return _run_reference(TrialRun(reference.reference_spec(spec, settings), device), spec, settings)
 
 
-def _run_reference(run: TrialRun, spec: Mapping[str, Any], settings: Mapping[str, Any]) -> reference.Reference:
+def _run_reference(run: TrialRun, spec: TrialSpec, settings: Mapping[str, Any]) -> reference.Reference:
     """The reference's chains streamed through ``run`` (a :class:`TrialRun` of :func:`reference_spec`)."""
     merged = {**reference.SETTINGS_DEFAULTS, **settings}
     if merged["method"] != "hmc":
         raise ValueError(f"reference method must be 'hmc', got {merged['method']!r}")
-    task, config = run.ds.task, run.spec["config"]
+    task, config = run.ds.task, run.spec.config
     n_chains = config["n_chains"]
     per_chain = {
         name: [new_predictive(run.ds, x.shape[0], run.device) for _ in range(n_chains)]
@@ -461,7 +456,7 @@ def _pooled_chains_and_floors(
 
 
 def stored_or_computed(
-    spec: Mapping[str, Any], settings: Mapping[str, Any], references: Location, device: torch.device | None = None
+    spec: TrialSpec, settings: Mapping[str, Any], references: Location, device: torch.device | None = None
 ) -> tuple[reference.Reference, bool]:
     """The cell's reference from the ``references`` folder when one with its fingerprint is stored there, else
     computed and stored (atomically); the second value says whether it was computed."""

@@ -17,6 +17,7 @@ import pandas as pd
 from ray import cloudpickle, tune
 
 from ursa_ray.results import ResultsDirectory, metric_key, trial_row
+from ursa_ray.spec import TrialSpec
 from ursa_ray.tune.interrupt import RunStopper
 from ursa_ray.tune.progress import Echo, Progress
 from ursa_ray.tune.trainable import config_specs, request
@@ -94,10 +95,10 @@ class ResultsCallback(tune.Callback):
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         specs = trial_specs(trial, self.spec_table)
         if trial.trial_id not in self.started:  # not again when a failed trial is retried
-            self.progress.trial_started(len(specs), specs[0]["phase"])
+            self.progress.trial_started(len(specs), specs[0].phase)
         started = self.started.setdefault(trial.trial_id, time.time())
         if trial.trial_id not in self.recorded:
-            need = request(specs[0]["resources"])
+            need = request(specs[0].resources)
             self.running[trial.trial_id] = (started, need.get("CPU", 0.0), need.get("GPU", 0.0))
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
@@ -143,8 +144,8 @@ class ResultsCallback(tune.Callback):
         specs = trial_specs(trial, self.spec_table)
         where = _where(specs[0])
         if len(specs) > 1:  # a batched trial: its seeds
-            where = where.rpartition(" seed=")[0] + " seeds=" + ",".join(str(s["seed"]) for s in specs)
-        self.echo(f"retry {failures} {specs[0]['phase']:6s} {where}: {reason}")
+            where = where.rpartition(" seed=")[0] + " seeds=" + ",".join(str(s.seed) for s in specs)
+        self.echo(f"retry {failures} {specs[0].phase:6s} {where}: {reason}")
 
     def _record(self, trial: Any, error: str | None, stopped_at: float | None = None, why: str = "") -> None:
         """Write the rows of every seed ``trial`` ran (its wall and reserved seconds split evenly over them,
@@ -156,7 +157,7 @@ class ResultsCallback(tune.Callback):
         started = min(self.started.get(trial.trial_id, finished), finished)
         last = trial.last_result or {}
         selection = {k: float(v) for k, v in last.items() if k.startswith("val_") and isinstance(v, (int, float))}
-        need = request(specs[0]["resources"])  # the trial's own request (all its seeds are one cell's)
+        need = request(specs[0].resources)  # the trial's own request (all its seeds are one cell's)
         rows = []
         for spec, (status, record, metrics, points, predictions) in zip(
             specs, self._outcomes(trial, specs, error, last, why), strict=True
@@ -174,13 +175,13 @@ class ResultsCallback(tune.Callback):
             )
             rows.append((spec, status, row, metrics, points, predictions))
         self._write(trial, rows)
-        if specs[0]["phase"] == "final":
+        if specs[0].phase == "final":
             forget_metric_history(trial)
         for spec, status, row, metrics, _, _ in rows:
             self._count(spec, status, row, metrics)
 
     def _outcomes(
-        self, trial: Any, specs: list[dict[str, Any]], error: str | None, last: dict[str, Any], why: str
+        self, trial: Any, specs: list[TrialSpec], error: str | None, last: dict[str, Any], why: str
     ) -> list[tuple]:
         """(status, record, metrics, points, predictions) of each seed: read from the trial's checkpoint, or
         (failed, or stopped before its end) made from ``error`` and its ``last`` result."""
@@ -199,23 +200,23 @@ class ResultsCallback(tune.Callback):
             self.recorded.add(trial.trial_id)
             self.running.pop(trial.trial_id, None)
 
-    def _count(self, spec: dict[str, Any], status: str, row: dict[str, Any], metrics: list) -> None:
+    def _count(self, spec: TrialSpec, status: str, row: dict[str, Any], metrics: list) -> None:
         """A recorded seed in the reserved seconds so far, the run's summary and the progress lines."""
         cpu, gpu = self.reserved_recorded
         self.reserved_recorded = (cpu + row["reserved_cpu_s"], gpu + row["reserved_gpu_s"])
         self.done += 1
-        self.summary.recorded[spec["phase"]] = self.summary.recorded.get(spec["phase"], 0) + 1
+        self.summary.recorded[spec.phase] = self.summary.recorded.get(spec.phase, 0) + 1
         if status == "ok":
-            self.summary.finished.append(spec["trial_id"])
+            self.summary.finished.append(spec.trial_id)
         elif status == "early_stopped":
-            self.summary.early_stopped.append(spec["trial_id"])
+            self.summary.early_stopped.append(spec.trial_id)
         else:
-            self.summary.failed.append((spec["trial_id"], row["error"]))
-            if spec["phase"] == "search":
-                self.summary.search_failed.append(spec["trial_id"])
+            self.summary.failed.append((spec.trial_id, row["error"]))
+            if spec.phase == "search":
+                self.summary.search_failed.append(spec.trial_id)
         self.progress.trial_recorded(status, _progress_line(self.done, self.total, spec, status, row, metrics))
 
-    def _read_outcome(self, folder: Path, spec: dict[str, Any]) -> tuple:
+    def _read_outcome(self, folder: Path, spec: TrialSpec) -> tuple:
         """(status, record, metrics, points, predictions) of one seed from its checkpoint folder; a transfer
         source's examples are saved before its rows, so a finished source always has its file."""
         record = json.loads((folder / "record.json").read_text())
@@ -225,11 +226,11 @@ class ResultsCallback(tune.Callback):
         if (folder / "predictions").is_dir():
             predictions = {p.stem: pd.read_parquet(p) for p in (folder / "predictions").glob("*.parquet")}
         if (folder / "transfer.pt").exists():
-            self.results.transfer_examples(spec["trial_id"]).write_bytes((folder / "transfer.pt").read_bytes())
+            self.results.transfer_examples(spec.trial_id).write_bytes((folder / "transfer.pt").read_bytes())
         return record.get("status", "failed"), record, metrics, points, predictions
 
     @staticmethod
-    def _unfinished_outcome(spec: dict[str, Any], error: str | None, last: dict[str, Any], why: str) -> tuple:
+    def _unfinished_outcome(spec: TrialSpec, error: str | None, last: dict[str, Any], why: str) -> tuple:
         """A trial with no outcome of its own: failed with ``error``, or stopped before its end (by ASHA, or
         cut short by the search's compute budget: ``why``) with the validation metrics it last reported."""
         if error is not None:
@@ -254,7 +255,7 @@ def forget_metric_history(trial: Any) -> None:
         metadata.metric_analysis, metadata.metric_n_steps = {}, {}
 
 
-def trial_specs(trial: Any, spec_table: Sequence[bytes]) -> list[dict[str, Any]]:
+def trial_specs(trial: Any, spec_table: Sequence[bytes]) -> list[TrialSpec]:
     """The ursa-ray specs a Tune trial runs: a search trial's one (its sampled hyperparameters and an id), or
     a final trial's seeds (from the run's ``spec_table``)."""
     return config_specs(trial.config, trial.trial_id, spec_table)
@@ -264,20 +265,20 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return pd.read_parquet(path).to_dict("records") if path.exists() else []
 
 
-def _where(spec: dict[str, Any]) -> str:
-    where = f"{spec['label']} {spec['model']} {spec['dataset']}"
-    if spec["complexity"] is not None:
-        where += f" c={spec['complexity']:g}"
-    return where + f" seed={spec['seed']}"
+def _where(spec: TrialSpec) -> str:
+    where = f"{spec.label} {spec.model} {spec.dataset}"
+    if spec.complexity is not None:
+        where += f" c={spec.complexity:g}"
+    return where + f" seed={spec.seed}"
 
 
 def _progress_line(
-    done: int, total: int | None, spec: dict[str, Any], status: str, row: dict[str, Any], metrics: list
+    done: int, total: int | None, spec: TrialSpec, status: str, row: dict[str, Any], metrics: list
 ) -> str:
     where = _where(spec)
     count = f"[{done}]" if total is None else f"[{done}/{total}]"  # a budgeted search has no fixed count
     if status == "failed":
-        return f"{count} FAILED {spec['phase']:6s} {where}: {row['error']}"
+        return f"{count} FAILED {spec.phase:6s} {where}: {row['error']}"
     wanted = {
         ("test", "accuracy"),
         ("test", "nll"),
@@ -291,4 +292,4 @@ def _progress_line(
         if (m["eval_set"], m["metric"]) in wanted
     )
     why = f"  ({row['error']})" if row["error"] else ""
-    return f"{count} {status:6s} {spec['phase']:6s} {where}  {shown}  {row['wall_s']:.1f}s{why}"
+    return f"{count} {status:6s} {spec.phase:6s} {where}  {shown}  {row['wall_s']:.1f}s{why}"

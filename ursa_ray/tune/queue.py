@@ -12,20 +12,21 @@ from ray.tune.schedulers import FIFOScheduler
 from ray.tune.search import Searcher
 
 from ursa_ray.results import Location, transfer_examples_location
+from ursa_ray.spec import TrialSpec
 from ursa_ray.tune.trainable import pack, request
 
 
-def seed_groups(specs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The final phase's Tune trials: ``specs`` grouped into runs of up to ``spec["vectorize_seeds"]`` seeds
+def seed_groups(specs: list[TrialSpec]) -> list[list[TrialSpec]]:
+    """The final phase's Tune trials: ``specs`` grouped into runs of up to ``spec.vectorize_seeds`` seeds
     of one cell, configuration and resource request (a batched computation, see
     :func:`ursa_ray.trial.run_trials_batched`; the Tune trial asks for one seed's ``resources``),
     in the order of each group's first seed; a spec with ``vectorize_seeds`` 1 is a trial of its own."""
-    groups: dict[str, list[list[dict[str, Any]]]] = {}
-    order: list[list[dict[str, Any]]] = []
+    groups: dict[str, list[list[TrialSpec]]] = {}
+    order: list[list[TrialSpec]] = []
     for spec in specs:
-        size = int(spec.get("vectorize_seeds", 1))
+        size = spec.vectorize_seeds
         key = json.dumps(
-            [spec["cell"], spec["config"], spec.get("transfer_source", False), spec["resources"]],
+            [spec.cell, spec.config, spec.transfer_source, spec.resources],
             sort_keys=True,
             default=str,
         )
@@ -57,13 +58,13 @@ class SpecQueue(Searcher):
     between, so the source's file is written before the waiting trial is handed out.
     """
 
-    def __init__(self, groups: list[list[dict[str, Any]]], results_uri: str):
+    def __init__(self, groups: list[list[TrialSpec]], results_uri: str):
         super().__init__()
 
-        def rank(group: list[dict[str, Any]]) -> int:
-            if group[0]["phase"] == "reference":
+        def rank(group: list[TrialSpec]) -> int:
+            if group[0].phase == "reference":
                 return -1
-            return 0 if group[0].get("transfer_source") else 2 if "transfer_from" in group[0] else 1
+            return 0 if group[0].transfer_source else 2 if group[0].transfer_from is not None else 1
 
         self._groups = sorted(groups, key=rank)
         self.spec_table = [pack(group) for group in self._groups]
@@ -71,7 +72,7 @@ class SpecQueue(Searcher):
         an index into it; the trainable gets it once, through Ray's object store."""
         self._results_uri = results_uri
         self._unfinished_sources = {
-            s["trial_id"] for g in groups for s in g if s.get("transfer_source") or s["phase"] == "reference"
+            s.trial_id for g in groups for s in g if s.transfer_source or s.phase == "reference"
         }
         self._running: dict[str, list[str]] = {}  # Tune trial id -> its specs' trial ids
         self._next = 0
@@ -81,31 +82,30 @@ class SpecQueue(Searcher):
             return Searcher.FINISHED
         group = self._groups[self._next]
         if any(
-            spec.get("transfer_from") in self._unfinished_sources
-            or spec.get("reference_from") in self._unfinished_sources
+            spec.transfer_from in self._unfinished_sources or spec.reference_from in self._unfinished_sources
             for spec in group
         ):
             return None
         config: dict[str, Any] = {
             "group": self._next,
-            "trial_id": group[0]["trial_id"],  # its first seed's: the Tune trial's folder name
-            "request": request(group[0]["resources"]),
+            "trial_id": group[0].trial_id,  # its first seed's: the Tune trial's folder name
+            "request": request(group[0].resources),
         }
         additions = [self._additions(spec) for spec in group]
         if any(additions):
             config["additions"] = additions
         self._next += 1
-        self._running[trial_id] = [spec["trial_id"] for spec in group]
+        self._running[trial_id] = [spec.trial_id for spec in group]
         return config
 
-    def _additions(self, spec: dict[str, Any]) -> dict[str, str]:
+    def _additions(self, spec: TrialSpec) -> dict[str, str]:
         """What ``spec`` gets when it is handed out: where its cell's reference is stored (by fingerprint), and
         the transfer examples its source saved (a failed source saves none)."""
         added = {}
-        if "reference" in spec:
+        if spec.reference is not None:
             added["references_dir"] = (Location.parse(self._results_uri) / "references").uri
-        if "transfer_from" in spec:
-            saved = transfer_examples_location(self._results_uri, spec["transfer_from"])
+        if spec.transfer_from is not None:
+            saved = transfer_examples_location(self._results_uri, spec.transfer_from)
             if saved.exists():
                 added["transfer_examples"] = saved.uri
         return added

@@ -18,6 +18,7 @@ import ray
 
 from ursa_ray.grid import Grid
 from ursa_ray.results import Location, ResultsDirectory
+from ursa_ray.spec import TrialSpec
 from ursa_ray.tune.callback import RunSummary
 from ursa_ray.tune.cluster import check_cluster_fits, connect, describe
 from ursa_ray.tune.interrupt import Interrupt
@@ -63,9 +64,9 @@ def run_grid(
             summary.interrupted = True
             return summary
         not_run = {cell for cell, _ in summary.failed_cells}
-        specs = [s for s in grid.trial_specs("final", overrides) if s["cell"] not in not_run]
+        specs = [s for s in grid.trial_specs("final", overrides) if s.cell not in not_run]
         done = results.finished_ids()
-        todo = [s for s in specs if s["trial_id"] not in done]
+        todo = [s for s in specs if s.trial_id not in done]
         summary.planned += len(specs)
         summary.skipped += len(specs) - len(todo)
         cluster = ray.cluster_resources()
@@ -79,15 +80,15 @@ def run_grid(
         return summary
 
 
-def _requests(specs: list[dict[str, Any]], grid: Grid) -> str:
+def _requests(specs: list[TrialSpec], grid: Grid) -> str:
     """The final trials' resources for the phase's banner: ``CPU=1 each`` when they all ask for the same, else
     each distinct request with its trials' methods and models (the first few), e.g. ``per-trial resources
     (2 distinct requests: CPU=1, GPU=0.1 for sgd/mlp, mc_dropout/mlp; CPU=4, GPU=1 for sgd/resnet50)``."""
     pairs: dict[str, list[str]] = {}
     for spec in specs:
-        who = pairs.setdefault(describe(request(spec["resources"])), [])
-        if f"{spec['label']}/{spec['model']}" not in who:
-            who.append(f"{spec['label']}/{spec['model']}")
+        who = pairs.setdefault(describe(request(spec.resources)), [])
+        if f"{spec.label}/{spec.model}" not in who:
+            who.append(f"{spec.label}/{spec.model}")
     if len(pairs) <= 1:
         return f"{next(iter(pairs), describe(request(grid.resources)))} each"
     shown = []

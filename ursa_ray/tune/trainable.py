@@ -19,6 +19,7 @@ method's own one-off costs (:func:`ursa_ray.trial.warm_up_worker`); the trial re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -32,10 +33,12 @@ from typing import Any
 import ray
 from ray import tune
 
+from ursa_ray.spec import TrialSpec
+
 
 def request(resources: Mapping[str, Any]) -> dict[str, float]:
     """What Ray is asked for by a trial whose spec has ``resources`` ({cpu, gpu, custom}, as in
-    ``spec["resources"]``): {"CPU": ..., "GPU": ..., custom...}, amounts of zero left out."""
+    ``spec.resources``): {"CPU": ..., "GPU": ..., custom...}, amounts of zero left out."""
     need = {"CPU": float(resources["cpu"]), "GPU": float(resources["gpu"])}
     need.update({k: float(v) for k, v in resources["custom"].items()})
     return {k: v for k, v in need.items() if v > 0}
@@ -47,9 +50,7 @@ def pack(specs: Any) -> bytes:
     return pickle.dumps(specs, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def config_specs(
-    config: Mapping[str, Any], tune_trial_id: str, spec_table: Sequence[bytes] = ()
-) -> list[dict[str, Any]]:
+def config_specs(config: Mapping[str, Any], tune_trial_id: str, spec_table: Sequence[bytes] = ()) -> list[TrialSpec]:
     """The ursa-ray specs of a Tune trial with ``config``: a final trial's seeds, entry ``config["group"]`` of
     the run's spec table (:class:`~ursa_ray.tune.queue.SpecQueue`'s packed seed groups), each with what the
     queue added when it handed the trial out (``config["additions"]``, by position, where any); or a search
@@ -62,7 +63,9 @@ def config_specs(
         return [search_trial_spec(pickle.loads(config["spec"]), config["hp"], tune_trial_id)]
     specs = pickle.loads(spec_table[config["group"]])
     additions = config.get("additions")
-    return [{**spec, **added} for spec, added in zip(specs, additions, strict=True)] if additions else specs
+    if not additions:
+        return specs
+    return [dataclasses.replace(spec, **added) for spec, added in zip(specs, additions, strict=True)]
 
 
 def placement(config: dict[str, Any]) -> tune.PlacementGroupFactory:
@@ -73,7 +76,7 @@ def placement(config: dict[str, Any]) -> tune.PlacementGroupFactory:
     imports this light module only (not the grid's, which imports torch before the trial's timed warm-up)."""
     if "request" in config:
         return tune.PlacementGroupFactory([dict(config["request"])])
-    return tune.PlacementGroupFactory([request(pickle.loads(config["spec"])["resources"])])
+    return tune.PlacementGroupFactory([request(pickle.loads(config["spec"]).resources)])
 
 
 def trial_folder_name(trial: Any) -> str:
@@ -82,13 +85,9 @@ def trial_folder_name(trial: Any) -> str:
     return trial.config["trial_id"][:80]
 
 
-def search_trial_spec(spec: dict[str, Any], hp: dict[str, Any], tune_trial_id: str) -> dict[str, Any]:
+def search_trial_spec(spec: TrialSpec, hp: dict[str, Any], tune_trial_id: str) -> TrialSpec:
     """A search-phase spec: the cell's base spec with the sampled hyperparameters and its own trial id."""
-    return {
-        **spec,
-        "config": {**spec["config"], **hp},
-        "trial_id": f"search-{spec['cell'].replace('/', '-')}-{tune_trial_id}",
-    }
+    return dataclasses.replace(spec, config={**spec.config, **hp}, trial_id=f"search-{spec.cell_slug}-{tune_trial_id}")
 
 
 def run_ursa_trial(param: dict[str, Any], spec_table: Sequence[bytes] = ()) -> None:
@@ -102,19 +101,19 @@ def run_ursa_trial(param: dict[str, Any], spec_table: Sequence[bytes] = ()) -> N
     from ursa_ray.trial import pick_device, warm_up_worker
 
     specs = config_specs(param, tune.get_context().get_trial_id(), spec_table)
-    torch.set_num_threads(max(1, int(specs[0]["resources"]["cpu"])))
+    torch.set_num_threads(max(1, int(specs[0].resources["cpu"])))
     # subnormal floats (Adam's second moments of weights whose gradients vanish, for one) are up to 100×
     # slower on x86 CPUs: flushing them to zero made variational dropout's 1,000-epoch regression trials
     # ~1.5× faster and changes no metric beyond float noise (docs/performance.md)
     torch.set_flush_denormal(True)
     # the process's first trial, and its first of this method, warm up before anything is timed
-    worker_setup_s = warm_up_worker(pick_device(specs[0]["resources"]["gpu"]), [specs[0]["method"]])
+    worker_setup_s = warm_up_worker(pick_device(specs[0].resources["gpu"]), [specs[0].method])
     started_cpu = time.process_time()
 
     def progress(n_samples: int, values: dict[str, float], cost: dict[str, float]) -> None:
         tune.report({"status": "running", "n_samples": n_samples, **values, **cost})
 
-    outcomes = _run(specs, progress if specs[0]["phase"] == "search" else None)
+    outcomes = _run(specs, progress if specs[0].phase == "search" else None)
     gpu_ids = assigned_gpu_ids()
     cpu_s = (time.process_time() - started_cpu) / len(specs)  # a batched trial's CPU time, split evenly
     with tempfile.TemporaryDirectory(prefix="ursa-") as folder:
@@ -145,7 +144,7 @@ def assigned_gpu_ids() -> str:
     return json.dumps([int(i) if str(i).isdigit() else str(i) for i in ids]) if ids else ""
 
 
-def _run(specs: list[dict[str, Any]], progress: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def _run(specs: list[TrialSpec], progress: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(record, files) of each spec.  Every failure becomes a failed record, never a lost grid; a batched
     run that fails is rerun one seed at a time, so that only the seeds that fail alone are recorded failed."""
     from ursa_ray.trial import run_reference_trial, run_trial, run_trials_batched
@@ -158,7 +157,7 @@ def _run(specs: list[dict[str, Any]], progress: Any) -> list[tuple[dict[str, Any
     results = []
     for spec in specs:
         try:
-            if spec["phase"] == "reference":  # a cell's reference posterior (ursa_ray.reference)
+            if spec.phase == "reference":  # a cell's reference posterior (ursa_ray.reference)
                 results.append(_succeeded(run_reference_trial(spec)))
                 continue
             results.append(_succeeded(run_trial(spec, progress=progress)))

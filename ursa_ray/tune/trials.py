@@ -24,6 +24,7 @@ from ray import tune
 
 from ursa_ray.grid import Grid
 from ursa_ray.results import ResultsDirectory
+from ursa_ray.spec import TrialSpec
 from ursa_ray.tune.callback import ResultsCallback, RunSummary
 from ursa_ray.tune.interrupt import Interrupt, RunStopper
 from ursa_ray.tune.progress import Echo
@@ -32,7 +33,7 @@ from ursa_ray.tune.trainable import placement, run_ursa_trial, trial_folder_name
 
 
 def run_trials(
-    specs: list[dict[str, Any]],
+    specs: list[TrialSpec],
     grid: Grid,
     results: ResultsDirectory,
     experiment: str,

@@ -27,22 +27,23 @@ from ursa_ray.evaluation.adversarial import (
 from ursa_ray.evaluation.probes.base import Probe, ProbeContext, predict, predict_expected_entropy
 from ursa_ray.methods.base import Problem
 from ursa_ray.results import Location
+from ursa_ray.spec import TrialSpec
 
 
 def _craft(
-    spec: Mapping[str, Any], ds: data.base.Dataset, attacked: ModelAverage, test: tuple[Tensor, Tensor], seed: int
+    spec: TrialSpec, ds: data.base.Dataset, attacked: ModelAverage, test: tuple[Tensor, Tensor], seed: int
 ) -> AdversarialExamples:
     """FGSM/PGD on the first ``n_examples`` test images against the model average of the kept samples
     (white box: the attacker knows p̄ and its gradient); ``seed`` (the ``attack`` stream) draws PGD's start."""
-    settings = spec["adversarial"]
+    settings = spec.adversarial
     x, y = test[0][: settings["n_examples"]], test[1][: settings["n_examples"]].to(test[0].device)
     scale = PixelScale(ds.pixel_mean, ds.pixel_std)
-    epsilons = AdversarialSettings(**settings).epsilons_for(spec["dataset"])
+    epsilons = AdversarialSettings(**settings).epsilons_for(spec.dataset)
     return craft(attacked, x, y, scale, settings["attacks"], epsilons, steps=settings["pgd_steps"], seed=seed)
 
 
 def _attack(
-    spec: Mapping[str, Any], ds: data.base.Dataset, attacked: ModelAverage, test: tuple[Tensor, Tensor], seed: int
+    spec: TrialSpec, ds: data.base.Dataset, attacked: ModelAverage, test: tuple[Tensor, Tensor], seed: int
 ) -> AdversarialPredictives:
     """The white-box sets (:func:`_craft`) scored under the model average that was attacked."""
     scored = AdversarialPredictives(_craft(spec, ds, attacked, test, seed), ds.n_outputs)
@@ -52,7 +53,7 @@ def _attack(
 
 
 def train_transfer_source(
-    spec: Mapping[str, Any],
+    spec: TrialSpec,
     ds: data.base.Dataset,
     method: Any,
     problem: Problem,
@@ -74,20 +75,18 @@ def train_transfer_source(
         torch.manual_seed(seeds["transfer_init"])
         generator = torch.Generator().manual_seed(seeds["transfer_data"])
         own = dataclasses.replace(problem, make_model=build, generator=generator)
-        stream = method.sample_posterior(own, spec["config"], {})
+        stream = method.sample_posterior(own, spec.config, {})
         attacked = ModelAverage(1, 1, seed=seeds["attack"])
         attacked.observe(next(iter(stream)))
         stream.close()
         return _craft(spec, ds, attacked, test, seeds["attack"])
 
 
-def load_transfer_attack(
-    spec: Mapping[str, Any], ds: data.base.Dataset, device: torch.device
-) -> AdversarialPredictives | None:
+def load_transfer_attack(spec: TrialSpec, ds: data.base.Dataset, device: torch.device) -> AdversarialPredictives | None:
     """The accumulator of the transfer attack: the examples the cell's SGD trial crafted on its network
-    (``spec["transfer_examples"]``, a file the run orchestration names once that trial has finished), to be
+    (``spec.transfer_examples``, a file the run orchestration names once that trial has finished), to be
     scored under this trial's posterior predictive; None when there are none to read."""
-    where = spec.get("transfer_examples")
+    where = spec.transfer_examples
     if not where or ds.pixel_mean is None:
         return None
     saved = Location.parse(where)
@@ -118,7 +117,7 @@ class WhiteBoxProbe(Probe):
         tick = time.perf_counter()
         spec, trial = self.trial.spec, self.trial
         self.scored = _attack(spec, trial.ds, self.attacked, trial.eval_sets["test"], trial.seeds["attack"])
-        reference = eval_sets.attack_set("pgd", reference_epsilon(spec["dataset"]))
+        reference = eval_sets.attack_set("pgd", reference_epsilon(spec.dataset))
         values = {
             eval_sets.adversarial(name): table | ({"reference": float(name == reference)} if name != "clean" else {})
             for name, table in self.scored.metrics().items()
@@ -144,7 +143,7 @@ class TransferProbe(Probe):
         super().__init__()
         self.precision, self.scored, self.attacked, self.crafted = context.trial.precision, scored, attacked, crafted
         spec = context.trial.spec
-        self.source = spec["trial_id"] if spec.get("transfer_source") else spec["transfer_from"]
+        self.source = spec.trial_id if spec.transfer_source else spec.transfer_from
 
     def observe(self, predictor: Any) -> None:
         self.scored.update(
@@ -168,7 +167,7 @@ def probes(context: ProbeContext) -> list[Probe]:
     per_chain, n_chains, in_turn = context.sample_plan()
     attacked = ModelAverage(
         per_chain,
-        trial.spec["adversarial"]["attack_samples"],
+        trial.spec.adversarial["attack_samples"],
         n_chains=n_chains,
         chains_in_turn=in_turn,
         seed=trial.seeds["attack"],
@@ -176,7 +175,7 @@ def probes(context: ProbeContext) -> list[Probe]:
     white_box = WhiteBoxProbe(context, attacked)
     transfer, crafted = load_transfer_attack(trial.spec, trial.ds, trial.device), None
     tick = time.perf_counter()
-    if trial.spec.get("transfer_source"):  # its transfer sets: examples crafted on a network of its own
+    if trial.spec.transfer_source:  # its transfer sets: examples crafted on a network of its own
         examples = train_transfer_source(
             trial.spec, trial.ds, trial.method, trial.problem, trial.build_model, trial.eval_sets["test"], trial.seeds
         )

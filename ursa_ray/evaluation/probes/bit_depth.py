@@ -65,6 +65,6 @@ class BitDepthProbe(Probe):
 def probes(context: ProbeContext) -> list[Probe]:
     """The grid's ``bit_depths`` in final classification trials, else none."""
     trial = context.trial
-    final_classification = trial.spec["phase"] == "final" and trial.ds.task == "classification"
-    schemes = tuple(trial.spec["bit_depths"]) if final_classification else ()
+    final_classification = trial.spec.phase == "final" and trial.ds.task == "classification"
+    schemes = trial.spec.bit_depths if final_classification else ()
     return [BitDepthProbe(context, schemes)] if schemes else []

@@ -9,16 +9,15 @@ from typing import Any
 from ursa_ray import data, eval_sets, reference
 from ursa_ray.evaluation.probes.base import Probe, ProbeContext
 from ursa_ray.results import Location
+from ursa_ray.spec import TrialSpec
 
 
-def _fidelity(
-    spec: Mapping[str, Any], ds: data.base.Dataset, accumulators: Mapping[str, Any]
-) -> dict[str, dict[str, float]]:
+def _fidelity(spec: TrialSpec, ds: data.base.Dataset, accumulators: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """``fidelity:SET`` metrics of the trial's predictive on the test and OOD sets against its cell's stored
-    reference (:meth:`ursa_ray.reference.Reference.metrics`), found by fingerprint in ``spec["references_dir"]``;
+    reference (:meth:`ursa_ray.reference.Reference.metrics`), found by fingerprint in ``spec.references_dir``;
     none when no reference with this cell's fingerprint is stored (its reference trial failed)."""
-    key = reference.fingerprint(spec, spec["reference"], reference.data_digest(ds))
-    stored = reference.reference_location(Location.parse(spec["references_dir"]), key)
+    key = reference.fingerprint(spec, spec.reference, reference.data_digest(ds))
+    stored = reference.reference_location(Location.parse(spec.references_dir), key)
     if not stored.exists():
         return {}
     ref = reference.read_reference(stored)
@@ -41,5 +40,5 @@ class FidelityProbe(Probe):
 def probes(context: ProbeContext) -> list[Probe]:
     """Final trials of a grid with a reference whose references folder is known, else none."""
     spec = context.trial.spec
-    wanted = spec["phase"] == "final" and spec.get("reference") is not None and spec.get("references_dir")
+    wanted = spec.phase == "final" and spec.reference is not None and spec.references_dir
     return [FidelityProbe(context)] if wanted else []

@@ -13,7 +13,7 @@ class OODProbe(SetsProbe):
 
     def compute(self) -> dict[str, dict[str, float]]:
         trial, predictives = self.context.trial, self.context.predictives
-        if trial.spec["phase"] != "final" or trial.ds.task != "classification":
+        if trial.spec.phase != "final" or trial.ds.task != "classification":
             return {}
         return {name: ood_metrics(predictives["test"], predictives[name]) for name in self.names}
 
