@@ -13,9 +13,9 @@ from ursa_ray import data
 from ursa_ray.cli import main
 from ursa_ray.data.synthetic_regression import make_dataset
 from ursa_ray.evaluation import ClassificationPredictive, RegressionPredictive
+from ursa_ray.evaluation.probes.in_domain import in_domain_metrics
 from ursa_ray.grid import GridError, load_grid, parse_grid
 from ursa_ray.search_space import SELECTION_METRICS
-from ursa_ray.trial import _evaluate
 
 GOOD = {
     "name": "tiny",
@@ -437,7 +437,7 @@ def test_selection_metrics_are_the_ones_each_task_reports_on_its_validation_spli
             samples = [torch.randn(n) for _ in range(2)]
         for s in samples:
             pred.update(s)
-        reported[ds.task] = {f"val_{k}" for k in _evaluate(ds, pred, ds.train_y[:n], "validation")}
+        reported[ds.task] = {f"val_{k}" for k in in_domain_metrics(ds, pred, ds.train_y[:n], "validation")}
     assert set(reported) == {"classification", "regression"}
     for name, metric in SELECTION_METRICS.items():
         for task, keys in reported.items():
