@@ -153,7 +153,8 @@ def test_npz_sequences_are_padded_with_nan_and_standardised_over_real_steps(tmp_
     ood_x = ood["x_test"].copy()
     ood_x[np.arange(N_STEPS + 3) >= ood["lengths_test"][:, None]] = np.nan
     np.savez(tmp_path / "ood.npz", x_test=ood_x)
-    grid = write_grid(tmp_path, npz_entry("seq.npz", layout="sequence", ood={"longer": "ood.npz"}))
+    lstm = [{"name": "lstm", "options": {"hidden": 4}}]  # padded sequences: a model that reads them
+    grid = write_grid(tmp_path, npz_entry("seq.npz", layout="sequence", ood={"longer": "ood.npz"}), models=lstm)
     spec = first_spec(grid)
     assert not data.dataset_spec(spec.dataset, spec.dataset_file).images
     ds = load_as_trial(grid)
@@ -187,6 +188,23 @@ def test_a_sequence_file_runs_through_a_trial_with_lstm(tmp_path, capsys):
     assert {m["eval_set"] for m in outcome.metrics} == {"test", "far", "cost", "test@int8", "far@int8"}
     assert 0.0 <= values["test", "accuracy"] <= 1.0 and np.isfinite(values["test", "nll"])
     assert np.isfinite(values["far", "ood_auroc_entropy"])
+
+
+def test_padded_sequences_paired_with_a_model_that_cannot_read_them_are_refused(tmp_path, capsys):
+    """An MLP (or any model but the recurrent ones) would put the padding's NaN into every output: the grid
+    is refused in one line naming the models field, the model and the ones that can read padding; the same
+    file without padding (every sequence full length) may go to an MLP."""
+    np.savez(tmp_path / "seq.npz", **sequences())
+    models = [{"name": "mlp", "options": {"widths": [8]}}, {"name": "lstm", "options": {"hidden": 4}}]
+    grid = write_grid(tmp_path, npz_entry("seq.npz", layout="sequence"), models=models)
+    assert main(["validate", str(grid)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{grid}: models: mlp cannot read the padded sequences of 'my_data'" in err
+    assert err.endswith("models that can: gru, lstm")
+    full = sequences()
+    full["lengths_train"][:], full["lengths_test"][:] = N_STEPS, N_STEPS  # every step real: no padding
+    np.savez(tmp_path / "seq.npz", **full)
+    assert main(["validate", str(grid)]) == 0, capsys.readouterr().err
 
 
 def test_parquet_one_table_with_a_split_column(tmp_path):

@@ -1102,6 +1102,27 @@ def _check_reference_fits(grid: Grid, root: Path) -> None:
                 )
 
 
+def _check_padding_readers(grid: Grid, dataset: str, ds: Any) -> None:
+    """Refuse a model paired with ``dataset`` whose inputs hold NaN padding (variable-length sequences) unless
+    it reads padded sequences (:attr:`~ursa_ray.models.base.ModelSpec.reads_padded_sequences`): any other
+    network would put the padding's NaN into every output."""
+    from ursa_ray import models
+
+    inputs = [ds.train_x, ds.test_x, *ds.ood.values()]
+    if not any(bool(x.isnan().any()) for x in inputs):
+        return
+    paired = dict.fromkeys(c["model"].name for c in grid.cells() if c["dataset"].name == dataset)
+    refused = [name for name in paired if not models.get_model(name).reads_padded_sequences]
+    if refused:
+        readers = [name for name, spec in models.registry().items() if spec.reads_padded_sequences]
+        raise _fail(
+            grid.path,
+            "models",
+            f"{', '.join(refused)} cannot read the padded sequences of {dataset!r} (NaN steps past each "
+            f"sequence's length); models that can: {', '.join(readers)}",
+        )
+
+
 def _check_file_dataset(grid: Grid, index: int, entry: DatasetEntry) -> None:
     """Load a dataset read from files as a trial will (:func:`ursa_ray.data.files.load_file_dataset`): a file
     that cannot be used is a GridError at ``datasets[index].file.KEY``; an image classification set needs
@@ -1115,6 +1136,7 @@ def _check_file_dataset(grid: Grid, index: int, entry: DatasetEntry) -> None:
         ds = data.dataset_spec(entry.name, entry.file).load({}, entry.ood, Path(), False, 0)
     except FileDatasetError as exc:
         raise GridError(f"{grid.path}: {'.'.join(filter(None, (where, exc.field)))}: {exc}") from None
+    _check_padding_readers(grid, entry.name, ds)
     if ds.task == "classification" and ds.pixel_mean is not None:
         try:
             AdversarialSettings(**grid.adversarial).epsilons_for(entry.name)

@@ -30,6 +30,9 @@ class ModelSpec:
     batchable: bool = False
     """Whether copies of the model may be trained as one batched computation (:mod:`ursa_ray.methods.batched`):
     a small network without buffers (no batch norm).  Seeds of a grid batch only on such models."""
+    reads_padded_sequences: bool = False
+    """Whether the network skips the NaN padding steps of variable-length sequences (the recurrent models);
+    a grid pairing any other model with a dataset whose inputs hold padding is refused (NaN outputs)."""
 
 
 def init_conv_and_batch_norm(model: nn.Module) -> None:

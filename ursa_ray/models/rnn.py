@@ -167,6 +167,7 @@ MODELS = (
         build=build_recurrent("lstm"),
         options=OPTIONS,
         batchable=True,
+        reads_padded_sequences=True,
     ),
     ModelSpec(
         name="gru",
@@ -174,5 +175,6 @@ MODELS = (
         build=build_recurrent("gru"),
         options=OPTIONS,
         batchable=True,
+        reads_padded_sequences=True,
     ),
 )
