@@ -444,6 +444,12 @@ def test_a_grid_asking_for_bootstrap_gives_a_report_of_bootstrap_intervals(tmp_p
         assert bootstrap_text(BOOTSTRAP_SEEDS) in report.split(section)[1].split("\n## ")[0], section
     assert t_text not in report
     assert "percentile bootstrap" in per_cell.split("\n")[0]
+    loaded = ursa_ray.load(tmp_path)  # the Python entry point reads the grid's choice too, as the report does
+    assert loaded.interval == "bootstrap"
+    cell = loaded.compare(principle="accuracy").cells.set_index("method").loc["a"]
+    assert bootstrap_text(BOOTSTRAP_SEEDS) == f"[{cell['low']:.3f}, {cell['high']:.3f}] n=5"
+    t_cell = loaded.compare(principle="accuracy", interval="t").cells.set_index("method").loc["a"]
+    assert (t_cell["low"], t_cell["high"]) == pytest.approx((t_low, t_high))
 
 
 @pytest.mark.parametrize(

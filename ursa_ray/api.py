@@ -186,24 +186,32 @@ class BenchmarkResults:
     metrics: pd.DataFrame
     points: pd.DataFrame
     composites: pd.DataFrame
+    interval: str = "t"
+    """The per-cell interval the results' grid asks for (``statistics.interval`` of its grid.yaml), which
+    ``composites`` and :meth:`compare` use unless told otherwise, as the report does."""
 
-    def compare(self, principle: str | None = None, alpha: float = 0.05, interval: str = "t") -> Any:
+    def compare(self, principle: str | None = None, alpha: float = 0.05, interval: str | None = None) -> Any:
         """The statistical comparison behind the report (:class:`analysis.statistics.Comparison`: ``cells``,
         ``composites``, ``pairs``, ``friedman``, ``ranks``, ``resolution`` as pandas frames) for one
         ``principle`` (``accuracy``, ``uncertainty``, ``ood``, ``decision``, ``robustness``, ``test_time``) or
-        all; ``alpha``: level of the tests, 1 − alpha of the intervals; ``interval``: ``t`` or ``bootstrap``.
-        docs/statistics.md explains each table."""
+        all; ``alpha``: level of the tests, 1 − alpha of the intervals; ``interval``: ``t`` or ``bootstrap``
+        (default: the grid's, :attr:`interval`).  docs/statistics.md explains each table."""
         from analysis.statistics import compare
 
-        return compare(self.metrics, self.trials, principle=principle, alpha=alpha, interval=interval)
+        chosen = self.interval if interval is None else interval
+        return compare(self.metrics, self.trials, principle=principle, alpha=alpha, interval=chosen)
 
 
 def load(out: str | Path | Location) -> BenchmarkResults:
-    """The results of a run: ``out`` as given to :func:`run` (a local folder or an object-store URI)."""
+    """The results of a run: ``out`` as given to :func:`run` (a local folder or an object-store URI), with the
+    interval its grid asks for (``statistics``; :class:`~ursa_ray.grid.GridError` if its grid.yaml's block is
+    bad)."""
+    from analysis.report import recorded_interval
     from analysis.statistics import ranked_composites
     from analysis.tables import load_results
 
     tables = load_results(out)
+    interval = recorded_interval(Location.parse(out))
     has_test = not tables.metrics.empty and (tables.metrics["eval_set"] == "test").any()
-    composites = ranked_composites(tables.metrics, tables.trials) if has_test else pd.DataFrame()
-    return BenchmarkResults(tables.trials, tables.metrics, tables.points, composites)
+    composites = ranked_composites(tables.metrics, tables.trials, interval=interval) if has_test else pd.DataFrame()
+    return BenchmarkResults(tables.trials, tables.metrics, tables.points, composites, interval)
