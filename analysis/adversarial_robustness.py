@@ -51,6 +51,17 @@ def adversarial_table(
     return seed_means.groupby(keys).mean().unstack("metric")[[m for m in METRICS]]
 
 
+def robustness_skipped(metrics: pd.DataFrame, trials: pd.DataFrame) -> list[str]:
+    """Datasets of final classification cells (decision tasks aside) scored on the test set but on no
+    adversarial, transfer or corruption set: attacks and corruptions perturb pixels, so sequence, graph and
+    tabular inputs skip them (as do image sets whose grid turned them off).  Sorted names."""
+    final = final_metrics(metrics, trials)
+    final = final[~final["dataset"].isin(decision_task_datasets(trials))]
+    scored = set(final.loc[final["eval_kind"] == "in_domain", "dataset"])
+    perturbed = set(final.loc[final["eval_kind"].isin(("adversarial", "transfer", "corruption")), "dataset"])
+    return sorted(scored - perturbed)
+
+
 def plot_accuracy_against_epsilon(table: pd.DataFrame, path: Path) -> Path:
     """Accuracy under attack against ε, one panel per attack (white box, then transfer), a line per method."""
     path.parent.mkdir(parents=True, exist_ok=True)

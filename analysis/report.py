@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.adversarial_robustness import adversarial_table, plot_accuracy_against_epsilon
+from analysis.adversarial_robustness import adversarial_table, plot_accuracy_against_epsilon, robustness_skipped
 from analysis.bit_depth import bit_depth_table
 from analysis.calibration_figures import calibration_section
 from analysis.composites import COMPOSITES, better_direction, composite_coverage, per_cell_table, with_eval_kinds
@@ -198,6 +198,14 @@ def _write_report(
                 markdown_table(corruption_table(shift, alpha, interval)),
                 "",
                 f"![corruption_shift](figures/{shift_figure.name})",
+            ]
+        skipped = robustness_skipped(metrics, trials)
+        if skipped:
+            sections += [
+                "",
+                "Not attacked and not corrupted: "
+                f"{', '.join(skipped)}. Attacks and corruptions perturb pixels: sequence, graph and tabular "
+                "inputs skip them, as do image sets whose grid turned them off.",
             ]
         bits = bit_depth_table(metrics, trials, alpha, interval)
         if not bits.empty:

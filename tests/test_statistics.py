@@ -503,3 +503,32 @@ def test_corruption_table_gives_the_interval_over_seeds_and_labels_the_spread_ov
     assert table["accuracy"] == f"{mean:.3f} [{low:.3f}, {high:.3f}] n=3"
     q25, q75 = np.quantile([np.mean(v) for v in types.values()], [0.25, 0.75])
     assert table["accuracy IQR over types"] == f"[{q25:.3f}, {q75:.3f}]"
+
+
+ADVERSARIAL_ROW = {"accuracy": 0.5, "epsilon": 0.1, "attack_success_rate": 0.4, "adv_auroc_mi": 0.6}
+
+
+def test_the_report_names_the_datasets_no_attack_or_corruption_reached(tmp_path):
+    """Issue 32: a sequence or graph dataset gets no adversarial or corruption sets (no pixels); the report says
+    which datasets went unperturbed rather than leaving their absence from the robustness tables unexplained.
+    A dataset with an attack row or a corruption row is not named."""
+    from analysis.adversarial_robustness import robustness_skipped
+    from analysis.report import write_report
+
+    values = {
+        (m, "mlp", dataset, s): {"accuracy": 0.9 - 0.01 * s, **extra}
+        for m in ("a", "b")
+        for s in range(2)
+        for dataset, extra in (
+            ("digits", {("adv:pgd_eps0.1", k): v for k, v in ADVERSARIAL_ROW.items()}),
+            ("noisy", {("corrupt:gaussian_noise:3", "accuracy"): 0.7}),
+            ("digits_seq", {}),
+            ("csbm", {}),
+        )
+    }
+    write_results(tmp_path, values)
+    results = ursa_ray.load(tmp_path)
+    assert robustness_skipped(results.metrics, results.trials) == ["csbm", "digits_seq"]
+    write_report(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "Not attacked and not corrupted: csbm, digits_seq. Attacks and corruptions perturb pixels" in report
