@@ -28,7 +28,10 @@ TEST_METRICS = (
     ("accuracy", "accuracy (higher is better)"),
     ("nll", "negative log-likelihood (lower is better)"),
     ("brier", "Brier score (lower is better)"),
+    ("nll_calibrated", "calibrated NLL: at the test-time temperature, cross-validated (lower is better)"),
     ("ece", "expected calibration error, 15 bins (lower is better)"),
+    ("ece_adaptive", "adaptive expected calibration error, 15 equal-mass bins (lower is better)"),
+    ("eaurc_maxprob", "excess area under the risk-coverage curve, max-probability ordering (lower is better)"),
     ("misclass_auroc_entropy", "misclassification-detection AUROC, entropy score"),
     ("misclass_aupr_entropy", "misclassification-detection AUPR, entropy score"),
     ("misclass_auroc_mi", "misclassification-detection AUROC, mutual-information score"),
@@ -157,7 +160,7 @@ def _write_report(
         kinds = with_eval_kinds(metrics)
         ood_sets = sorted(set(kinds.loc[kinds["eval_kind"] == "ood", "eval_set"]))
         for ood in ood_sets:
-            for metric in ("ood_auroc_mi", "ood_auroc_entropy"):
+            for metric in ("ood_auroc_mi", "ood_auroc_entropy", "ood_fpr95_mi"):
                 table = per_cell_table(metrics, trials, metric, ood, alpha=alpha, interval=interval)
                 if not table.empty:
                     sections += ["", f"### OOD detection vs {ood}: {metric}", "", markdown_table(table)]

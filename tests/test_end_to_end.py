@@ -284,6 +284,10 @@ def test_report_writes_markdown(tiny_run, capsys):
     assert "## Composite scores" in report and "mean ± std over seeds" in report
     assert "sgd_diverging" in report  # failed trials are listed
     assert re.search(r"\d ± \d", report)  # a per-cell table cell
+    # the reviewer's metrics have per-cell tables too (issue 31): calibrated NLL, adaptive ECE, E-AURC, FPR@95
+    for title in ("### calibrated NLL", "### adaptive expected calibration error", "### excess area under the risk"):
+        assert title in report, title
+    assert re.search(r"### OOD detection vs \S+: ood_fpr95_mi", report)
 
 
 def test_resume_reruns_only_missing_trials(ray_session, tmp_path):
