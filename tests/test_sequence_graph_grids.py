@@ -116,3 +116,30 @@ def test_shipped_grids_validate_with_every_method(name):
     grid = load_grid(GRIDS / name)
     assert {m.name for m in grid.methods} >= set(methods.catalogue().built_ins)
     assert all(not data.get_dataset(d.name).images for d in grid.datasets)
+
+
+def test_full_network_laplace_with_per_example_jacobians_is_refused_on_gcn():
+    """laplace-torch's diagonal and full curvature of every weight cannot differentiate the GCN's sparse
+    propagation (the trial failed with "expand is unsupported for Sparse tensors" after training): the grid is
+    refused in one line naming the method entry, the model and what works; KFAC and the last layer run, and
+    the MLP takes every structure.  Searched structures are checked at every choice."""
+    from ursa_ray.grid import GridError
+
+    def grid(hyperparameters: dict, models: list, search: dict | None = None) -> dict:
+        entry = {"name": "laplace", "hyperparameters": hyperparameters, **({"search": search} if search else {})}
+        phase = {"search": {"algorithm": "random", "n_trials": 2, "metric": "val_nll"}} if search else {}
+        return {"name": "g", "methods": [entry], "models": models, "datasets": ["csbm"], "seeds": 1, **phase}
+
+    for structure in ("diag", "full"):
+        with pytest.raises(GridError) as info:
+            parse_grid(grid({"subset_of_weights": "all", "hessian_structure": structure}, ["gcn"]), "g.yaml")
+        assert str(info.value).startswith(
+            f"g.yaml: methods[0]: subset_of_weights=all with hessian_structure={structure} cannot differentiate "
+            "gcn's sparse propagation; use hessian_structure=kron or subset_of_weights=last_layer"
+        ), str(info.value)
+        parse_grid(grid({"subset_of_weights": "all", "hessian_structure": structure}, ["mlp"]), "g.yaml")
+    parse_grid(grid({"subset_of_weights": "all", "hessian_structure": "kron"}, ["gcn"]), "g.yaml")
+    parse_grid(grid({"subset_of_weights": "last_layer", "hessian_structure": "full"}, ["gcn"]), "g.yaml")
+    searched = {"hessian_structure": {"type": "choice", "values": ["kron", "diag"]}}
+    with pytest.raises(GridError, match=r"hessian_structure=diag \(one of its search choices\)"):
+        parse_grid(grid({"subset_of_weights": "all"}, ["gcn"], searched), "g.yaml")

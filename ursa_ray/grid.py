@@ -576,7 +576,7 @@ def _check_constraints(
     resolved configuration with each model it runs on; a constraint on searched hyperparameters at every
     corner of the search space instead.  The GridError names the grid field that set one of the values, and
     where each value involved came from."""
-    from ursa_ray import methods
+    from ursa_ray import methods, models
     from ursa_ray.methods.base import resolve_config
 
     method = methods.get_method(entry.name)
@@ -605,6 +605,14 @@ def _check_constraints(
                     continue
                 field_ = _culprit(constraint, where, searched, source)
                 raise _fail(path, field_, f"{message} ({owner}; {_origins(constraint, corner, source)})")
+        for corner in _corners(entry.search_space, list(entry.search_space)):
+            message = method.model_refusal(
+                models.get_model(model), {**config, **{n: v for n, (v, _) in corner.items()}}
+            )
+            if message is not None:
+                at = ", ".join(f"{n}={v} ({place})" for n, (v, place) in corner.items())
+                searched = f"; with {at}" if corner else ""
+                raise _fail(path, where, f"{message} (method {entry.label} on model {model}{searched})")
 
 
 def _culprit(constraint: Constraint, where: str, searched: list[str], source: dict[str, str]) -> str:

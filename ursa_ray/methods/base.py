@@ -294,6 +294,7 @@ class Method(abc.ABC):
       batched.
     - :meth:`posterior_storage`: what it stores at test time (default S networks).
     - :meth:`warm_up`: one-off costs of a fresh worker (default none).
+    - :meth:`model_refusal`: a model the method cannot run with a configuration (default: none refused).
 
     An object written against the earlier protocol (the same attributes, no base class) is adapted by
     :func:`as_method`.
@@ -344,6 +345,12 @@ class Method(abc.ABC):
         """What the method stores to represent its posterior at test time (:class:`StorageCount`); default
         S networks (:func:`sample_networks_storage`)."""
         return sample_networks_storage(sample, config, n_samples)
+
+    def model_refusal(self, model: Any, config: Mapping[str, Any]) -> str | None:
+        """None when the method can run ``config`` on ``model`` (a :class:`~ursa_ray.models.base.ModelSpec`),
+        else a one-line reason naming the hyperparameters and what would work; grid validation asks for every
+        (method entry, model) pair it runs, at every corner of the entry's search space.  Default: None."""
+        return None
 
     def warm_up(self, device: torch.device) -> None:
         """Pay the method's one-off costs in a fresh worker (compiling kernels) before any timed trial;
@@ -406,6 +413,10 @@ class EarlierProtocolMethod(Method):
     def posterior_storage(self, sample: nn.Module, config: Mapping[str, Any], n_samples: int) -> StorageCount:
         own = getattr(self.item, "posterior_storage", None) or sample_networks_storage
         return own(sample, config, n_samples)
+
+    def model_refusal(self, model: Any, config: Mapping[str, Any]) -> str | None:
+        own = getattr(self.item, "model_refusal", None)
+        return own(model, config) if own is not None else None
 
     def warm_up(self, device: torch.device) -> None:
         own = getattr(self.item, "warm_up", None)

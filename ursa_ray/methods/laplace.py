@@ -309,6 +309,21 @@ class Laplace(Method):
     constraints = (KRON_PRIOR, LAST_LAYER_PRIOR)
     posterior_storage = staticmethod(laplace_storage)
 
+    def model_refusal(self, model: Any, config: Mapping[str, Any]) -> str | None:
+        """laplace-torch's diagonal and full curvature of every weight take per-example Jacobians (forward-mode
+        AD), which cannot pass through a sparse matrix product (the GCN's propagation; ``expand is unsupported
+        for Sparse tensors``); KFAC and the last layer only need the Linear layers' inputs and outputs."""
+        if (
+            getattr(model, "sparse_propagation", False)
+            and config["subset_of_weights"] == "all"
+            and config["hessian_structure"] in ("diag", "full")
+        ):
+            return (
+                f"subset_of_weights=all with hessian_structure={config['hessian_structure']} cannot differentiate "
+                f"{model.name}'s sparse propagation; use hessian_structure=kron or subset_of_weights=last_layer"
+            )
+        return None
+
     def warm_up(self, device: torch.device) -> None:
         """Import laplace-torch (and the torchmetrics it pulls in, about 1 s) once per worker, in
         ``worker_setup_s`` rather than in the first laplace trial's ``train_s``."""

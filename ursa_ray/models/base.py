@@ -30,6 +30,10 @@ class ModelSpec:
     batchable: bool = False
     """Whether copies of the model may be trained as one batched computation (:mod:`ursa_ray.methods.batched`):
     a small network without buffers (no batch norm).  Seeds of a grid batch only on such models."""
+    sparse_propagation: bool = False
+    """Whether the forward pass multiplies by a sparse matrix (``torch.sparse``: the GCN's normalised
+    adjacency), through which forward-mode AD and per-example Jacobians (laplace-torch's diagonal and full
+    curvature) cannot differentiate; a method may refuse such a model (:meth:`Method.model_refusal`)."""
     reads_padded_sequences: bool = False
     """Whether the network skips the NaN padding steps of variable-length sequences (the recurrent models);
     a grid pairing any other model with a dataset whose inputs hold padding is refused (NaN outputs)."""

@@ -96,6 +96,7 @@ MODELS = (
         name="gcn",
         description="graph convolutional network (Kipf & Welling 2017) on a graph dataset's nodes",
         build=build_gcn,
+        sparse_propagation=True,
         options=(
             Hyperparameter("hidden", int, 16, "hidden units of each inner layer", low=1),
             Hyperparameter(
