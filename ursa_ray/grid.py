@@ -605,10 +605,9 @@ def _check_constraints(
                     continue
                 field_ = _culprit(constraint, where, searched, source)
                 raise _fail(path, field_, f"{message} ({owner}; {_origins(constraint, corner, source)})")
+        model_spec = models.get_model(model)
         for corner in _corners(entry.search_space, list(entry.search_space)):
-            message = method.model_refusal(
-                models.get_model(model), {**config, **{n: v for n, (v, _) in corner.items()}}
-            )
+            message = method.model_refusal(model_spec, {**config, **{n: v for n, (v, _) in corner.items()}})
             if message is not None:
                 at = ", ".join(f"{n}={v} ({place})" for n, (v, place) in corner.items())
                 searched = f"; with {at}" if corner else ""
