@@ -165,3 +165,77 @@ def test_gcn_needs_a_graph_and_is_never_batched():
     with pytest.raises(ValueError, match="graph dataset"):
         build_gcn((8,), 3)
     assert not models.get_model("gcn").batchable
+
+
+def _write_raw_planetoid(raw_dir, name: str, n_before: int, test_nodes: list[int], n_classes: int, d: int) -> dict:
+    """Raw Planetoid files of a tiny graph in the published layout (pickled scipy.sparse features, one-hot
+    label arrays, a neighbour dict, test.index in file order) and the truth they encode."""
+    import pickle
+    from collections import defaultdict
+
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(3)
+    n = max(test_nodes) + 1
+    features = (rng.random((n, d)) < 0.3).astype(np.float32)
+    labels = rng.integers(0, n_classes, n)
+    one_hot = np.eye(n_classes)[labels]
+    graph = defaultdict(list)
+    for i in range(n):
+        for j in rng.choice(n, 2, replace=False):
+            graph[i].append(int(j))
+    n_train = 2 * n_classes
+    parts = {
+        "x": sp.csr_matrix(features[:n_train]),
+        "y": one_hot[:n_train],
+        "allx": sp.csr_matrix(features[:n_before]),
+        "ally": one_hot[:n_before],
+        "tx": sp.csr_matrix(features[test_nodes]),  # rows in the order of test.index
+        "ty": one_hot[test_nodes],
+        "graph": graph,
+    }
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    for part, value in parts.items():
+        with open(raw_dir / f"ind.{name}.{part}", "wb") as f:
+            pickle.dump(value, f, protocol=2)
+    (raw_dir / f"ind.{name}.test.index").write_text("\n".join(map(str, test_nodes)) + "\n")
+    return {"features": features, "labels": labels, "graph": graph, "n_train": n_train}
+
+
+@pytest.mark.parametrize("name", ["cora", "citeseer"])
+def test_planetoid_raw_files_become_the_npz_layout(tmp_path, name):
+    """The published raw layout (test rows in test.index order; citeseer's isolated test-range nodes without a
+    row) read into the npz layout: every node's features and label at its index, the public masks, every
+    neighbour-list edge; and ``download: true`` makes the npz from fetched raw files, then loads it."""
+    from ursa_ray.data import planetoid_download
+
+    isolated = [33] if name == "citeseer" else []  # in the test range, in no file
+    test_nodes = [i for i in [37, 30, 35, 31, 39, 34, 36, 33, 32, 38] if i not in isolated]  # shuffled, as published
+    truth = _write_raw_planetoid(tmp_path / "source", name, 30, test_nodes, 3, 5)
+    arrays = planetoid_download.arrays_from_raw(tmp_path / "source", name)
+    real = [i for i in range(40) if i not in isolated]
+    np.testing.assert_array_equal(arrays["features"][real], truth["features"][real])
+    np.testing.assert_array_equal(arrays["labels"][real], truth["labels"][real])
+    for i in isolated:
+        assert not arrays["features"][i].any() and arrays["labels"][i] == 0
+    assert arrays["train_mask"].sum() == truth["n_train"] and arrays["train_mask"][: truth["n_train"]].all()
+    assert np.flatnonzero(arrays["test_mask"]).tolist() == sorted(test_nodes)
+    pairs = {(i, j) for i, neighbours in truth["graph"].items() for j in neighbours}
+    assert set(map(tuple, arrays["edges"].T.tolist())) == pairs
+
+    fetched = []
+
+    def fetch(url: str, folder, filename: str) -> None:  # the network, replaced by the files written above
+        fetched.append(url)
+        (folder / filename).write_bytes((tmp_path / "source" / filename).read_bytes())
+
+    planetoid_download._download, real_download = fetch, planetoid_download._download
+    try:
+        ds = data.get_dataset(name).load({"left_out_classes": 0}, (), tmp_path / "root", True, 0)
+    finally:
+        planetoid_download._download = real_download
+    assert sorted(fetched) == sorted(
+        f"{planetoid_download.RAW_URL}/ind.{name}.{p}" for p in planetoid_download.RAW_PARTS
+    )
+    assert (tmp_path / "root" / "planetoid" / f"{name}.npz").is_file()
+    assert len(ds.train_x) == truth["n_train"] and len(ds.test_x) == len(test_nodes)

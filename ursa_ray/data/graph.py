@@ -27,8 +27,9 @@ nodes (all the others on a smaller graph), as in Planetoid.
 Planetoid files, ``DATA_ROOT/planetoid/NAME.npz`` (NAME: cora, citeseer, pubmed): ``features`` (n, d)
 numbers, ``labels`` (n,) integers 0..K−1, ``edges`` (2, E) integers (both directions of an undirected
 edge, or either: the graph is symmetrised), ``train_mask`` and ``test_mask`` (n,) booleans.  Features are
-used as stored (row-normalise them beforehand for Kipf & Welling's setup).  docs/data.md says how to make
-these files from torch_geometric's Planetoid on an online machine.
+used as stored (row-normalise them beforehand for Kipf & Welling's setup).  ``download: true`` makes them
+from the published raw files (:mod:`ursa_ray.data.planetoid_download`); docs/data.md also says how to make
+them from torch_geometric's Planetoid on an online machine.
 """
 
 from __future__ import annotations
@@ -195,7 +196,12 @@ def check_planetoid(name: str, root: Path, ood_names: tuple[str, ...]) -> None:
 def load_planetoid(
     name: str, options: Mapping[str, Any], ood_names: tuple[str, ...], root: Path, download: bool, seed: int
 ) -> Dataset:
-    """A Planetoid-layout file (module docstring) with its own train and test masks."""
+    """A Planetoid-layout file (module docstring) with its own train and test masks; with ``download``, made
+    first from the published raw files when it is absent (:mod:`ursa_ray.data.planetoid_download`)."""
+    if download and not planetoid_path(root, name).is_file():
+        from ursa_ray.data.planetoid_download import fetch_planetoid
+
+        fetch_planetoid(name, root)
     check_planetoid(name, root, ood_names)
     left_out = dict(options).get("left_out_classes", 1)
     with np.load(planetoid_path(root, name), allow_pickle=False) as npz:
