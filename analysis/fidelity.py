@@ -19,7 +19,7 @@ from ursa_ray.eval_sets import TEST, fidelity
 def fidelity_frame(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """Rows (model, dataset, method) with the mean over seeds of every ``fidelity:test`` metric, and
     ``tv_ood``: the mean of ``total_variation`` over the ``fidelity:`` OOD sets."""
-    rows = final_metrics(metrics, trials, task=None)
+    rows = final_metrics(metrics, trials)  # classification: a regression cell's reference is its anchor
     rows = rows[rows["eval_kind"] == "fidelity"]
     if rows.empty:
         return pd.DataFrame()
@@ -42,6 +42,34 @@ COLUMNS = (
     ("rhat_max", "ref R̂ max"),
     ("ess_bulk_min", "ref ESS min"),
 )
+
+
+ANCHOR_COLUMNS = ("w2", "w2_in_distribution", "w2_out_of_distribution")
+
+
+def anchor_fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float = 0.05) -> str:
+    """Regression cells against their exact anchor: per experiment, a table of (complexity, method, model)
+    rows with the mean W₂ over all test points, the in-distribution and the out-of-distribution ones, each
+    ``mean [1 − alpha interval over repetitions] n`` (Student's t); empty string when no trial has them."""
+    from analysis.intervals import cell_intervals, interval_pivot
+
+    rows = final_metrics(metrics, trials, task="regression")
+    rows = rows[(rows["eval_kind"] == "fidelity") & rows["metric"].isin(ANCHOR_COLUMNS)]
+    if rows.empty:
+        return ""
+    complexity = trials.set_index("trial_id")["complexity"]
+    rows = rows.assign(complexity=rows["trial_id"].map(complexity).fillna(float("nan")))
+    keys = ["dataset", "complexity", "method", "model", "metric"]
+    table = interval_pivot(cell_intervals(rows, keys, alpha), keys[:-1], "metric")
+    parts = [
+        "W₂ between each method's Gaussian predictive of the noise-free output and the exact anchor's (the "
+        "cell's true posterior predictive), per test point, averaged over all points, those inside the training "
+        f"region and those outside; mean [{1 - alpha:.0%} interval over repetitions] n."
+    ]
+    for dataset, cell in table.groupby(level="dataset"):
+        shown = cell.droplevel("dataset")[[c for c in ANCHOR_COLUMNS if c in cell.columns]].fillna("-")
+        parts += [f"### {dataset}", markdown_table(shown)]
+    return "\n\n".join(parts)
 
 
 def fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame) -> str:

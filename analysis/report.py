@@ -17,7 +17,7 @@ from analysis.bit_depth import bit_depth_table
 from analysis.calibration_figures import calibration_section
 from analysis.composites import COMPOSITES, better_direction, composite_coverage, per_cell_table, with_eval_kinds
 from analysis.corruption_shift import corruption_rows, corruption_table, corruption_values, plot_corruption_shift
-from analysis.fidelity import fidelity_markdown
+from analysis.fidelity import anchor_fidelity_markdown, fidelity_markdown
 from analysis.intervals import interval_text
 from analysis.pareto import pareto_markdown
 from analysis.statistics import ranked_composites, statistics_markdown
@@ -244,6 +244,9 @@ def _write_report(
         sections += ["", "## Deep regression against the anchor model", "", text, ""]
         sections += [f"![{p.stem}](figures/{p.name})" for p in figures]
         printed += ["Deep regression against the anchor model", text]
+        anchor_text = anchor_fidelity_markdown(metrics, trials, alpha)
+        if anchor_text:
+            sections += ["", "## Fidelity to the exact posterior (regression)", "", anchor_text, ""]
 
     from analysis.cost import cost_markdown
 

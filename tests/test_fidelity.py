@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats
 
@@ -86,3 +87,33 @@ def test_independent_chains_converge_and_stuck_or_short_chains_do_not():
     # a constant quantity (a saturated class) is skipped, not NaN for the whole
     with_constant = np.concatenate([iid[..., 0], np.ones((4, 500, 1))], axis=-1)
     assert fidelity.convergence(with_constant).converged
+
+
+def test_the_report_holds_regression_methods_against_the_anchor():
+    """Regression trials' ``fidelity:test`` W₂ rows become one table per experiment in the report's regression
+    part (mean and Student t interval over repetitions, per complexity, method and model); the classification
+    fidelity table leaves them out (its reference is multi-chain HMC, a regression cell's is the anchor)."""
+    from analysis.fidelity import anchor_fidelity_markdown, fidelity_frame
+
+    trials, metrics = [], []
+    for method, base in (("bd", 0.2), ("sgd", 0.5)):
+        for seed in range(3):
+            trial_id = f"{method}-{seed}"
+            trials.append({"trial_id": trial_id, "phase": "final", "status": "ok", "task": "regression",
+                           "complexity": 2.0, "method": method, "model": "mlp", "dataset": "e2", "seed": seed})  # fmt: skip
+            for metric, value in (
+                ("w2", base + 0.1 * seed),
+                ("w2_in_distribution", base),
+                ("w2_out_of_distribution", 2 * base),
+            ):
+                metrics.append({"trial_id": trial_id, "phase": "final", "method": method, "model": "mlp", "dataset": "e2",
+                                "seed": seed, "eval_set": "fidelity:test", "eval_kind": "fidelity", "metric": metric,
+                                "value": value})  # fmt: skip
+    trials, metrics = pd.DataFrame(trials), pd.DataFrame(metrics)
+    text = anchor_fidelity_markdown(metrics, trials)
+    half = stats.t.ppf(0.975, 2) * 0.1 / np.sqrt(3)
+    assert "### e2" in text
+    assert f"| 2.000 | bd | mlp | 0.300 [{0.3 - half:.3f}, {0.3 + half:.3f}] n=3 | 0.200" in text
+    assert "| 2.000 | sgd | mlp | 0.600" in text and "| 1.000 [1.000, 1.000] n=3 |" in text  # sgd's OOD W₂
+    assert fidelity_frame(metrics, trials).empty
+    assert anchor_fidelity_markdown(metrics.iloc[:0], trials) == ""

@@ -13,7 +13,7 @@ from spec_fixtures import hand_spec
 from ursa_ray.data.synthetic_regression import make_dataset
 from ursa_ray.regression.points import anchor_points, points_frame
 from ursa_ray.results import POINT_COLUMNS
-from ursa_ray.trial import _points
+from ursa_ray.trial import _anchor, _anchor_fidelity, _points
 
 
 class _Predictive:
@@ -36,7 +36,7 @@ def test_points_rows_equal_the_dataframe_records(experiment: str, complexity: fl
         ],
         ignore_index=True,
     ).to_dict("records")
-    rows = _points(spec, ds, pred)
+    rows = _points(spec, ds, pred, _anchor(ds))
     assert rows == expected
     assert all(list(row) == list(POINT_COLUMNS) for row in rows)
     for got, want in zip(rows, expected, strict=True):
@@ -44,3 +44,26 @@ def test_points_rows_equal_the_dataframe_records(experiment: str, complexity: fl
     assert {row["method"] for row in rows} == {"bd", "blr"}
     if "in_distribution" in ds.test_info:  # E.2's out-of-distribution test points keep their flag
         assert not all(row["in_distribution"] for row in rows)
+
+
+def test_a_regression_trial_is_scored_against_the_anchor_in_and_out_of_distribution() -> None:
+    """Issue 29, regression: the exact anchor is the cell's reference; a trial's ``fidelity:test`` rows hold W₂
+    between its Gaussian predictive of the noise-free output and the anchor's, over every test point and over
+    those inside and outside the training region, equal to the closed form at each point (checked by hand
+    against the points' own means and stds); the anchor scores 0 against itself."""
+    ds = make_dataset("e2", 3.0, 1)
+    anchor = _anchor(ds)
+    rng = np.random.default_rng(1)
+    pred = _Predictive(
+        anchor[0] + rng.normal(0, 0.1, len(ds.test_y)), anchor[1] * rng.uniform(0.5, 2.0, len(ds.test_y))
+    )
+    scores = _anchor_fidelity(ds, pred, anchor)
+    w2 = np.sqrt((pred.mean - anchor[0]) ** 2 + (pred.std - anchor[1]) ** 2)
+    inside = ds.test_info["in_distribution"].numpy()
+    assert inside.any() and (~inside).any()
+    assert scores == pytest.approx(
+        {"w2": w2.mean(), "w2_in_distribution": w2[inside].mean(), "w2_out_of_distribution": w2[~inside].mean()}
+    )
+    assert _anchor_fidelity(ds, _Predictive(*anchor), anchor) == {
+        "w2": 0.0, "w2_in_distribution": 0.0, "w2_out_of_distribution": 0.0
+    }  # fmt: skip

@@ -20,7 +20,7 @@ from ursa_ray.evaluation import (
     regression_metrics,
 )
 from ursa_ray.evaluation.probes.in_domain import in_domain_metrics
-from ursa_ray.trial import _points
+from ursa_ray.trial import _anchor, _points
 
 SIGMA = 0.1
 FORECAST = {"crps", "miscalibration_area", "sharpness", "interval_score_95"} | {
@@ -95,7 +95,7 @@ def test_points_rows_carry_the_model() -> None:
     ds = make_dataset("e1", 2.0, 1)
     pred = two_sample_predictive(np.zeros(len(ds.test_y)), np.full(len(ds.test_y), 0.1))
     spec = hand_spec(label="bd", model="mlp", dataset="e1", complexity=2.0, seed=1, trial_id="t")
-    rows = _points(spec, ds, pred)
+    rows = _points(spec, ds, pred, _anchor(ds))
     models = {(row["method"], row["model"]) for row in rows}
     assert models == {("bd", "mlp"), ("blr", "true_features")}
     assert all(row["std"] == pytest.approx(0.1) for row in rows if row["method"] == "bd")

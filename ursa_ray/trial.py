@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ursa_ray import data, methods, reference
+from ursa_ray import data, eval_sets, methods, reference
 from ursa_ray.evaluation import (
     ClassificationPredictive,
     RegressionPredictive,
@@ -200,7 +200,10 @@ class TrialRun:
         transfer = next((p for p in self.probes if isinstance(p, TransferProbe)), None)
         outcome = TrialOutcome(record={}, transfer_examples=None if transfer is None else transfer.crafted)
         if spec.phase == "final" and ds.task != "classification" and not ds.test_y_observed:
-            outcome.points = _points(spec, ds, self.accumulators["test"])  # a file's regression set has no truth
+            anchor = _anchor(ds)
+            outcome.points = _points(spec, ds, self.accumulators["test"], anchor)  # a file's set has no truth
+            if anchor is not None:  # the exact posterior: this cell's reference (W₂ per point, in and out)
+                values[eval_sets.fidelity(eval_sets.TEST)] = _anchor_fidelity(ds, self.accumulators["test"], anchor)
         if "validation" in values:
             outcome.selection = {f"val_{k}": float(v) for k, v in values["validation"].items()}
         values["cost"] = self.cost(n_samples)
@@ -358,19 +361,40 @@ def run_reference_trial(spec: TrialSpec, device: torch.device | None = None) -> 
     return outcome
 
 
-def _points(spec: TrialSpec, ds: data.base.Dataset, pred: RegressionPredictive) -> list[dict[str, Any]]:
-    """Per-test-point rows for the method and for the exact anchor model (method "blr"), built column-wise
-    without DataFrames (:func:`~ursa_ray.regression.points.points_rows`; docs/vectorised.md)."""
+def _anchor(ds: data.base.Dataset) -> tuple[np.ndarray, np.ndarray] | None:
+    """The exact anchor's (mean, std) of the noise-free output at the test points, where the dataset has one
+    (a feature map: the synthetic regression experiments)."""
     from ursa_ray.regression.anchor import anchor_for_dataset
+
+    return anchor_for_dataset(ds) if ds.feature_map is not None else None
+
+
+def _anchor_fidelity(
+    ds: data.base.Dataset, pred: RegressionPredictive, anchor: tuple[np.ndarray, np.ndarray]
+) -> dict[str, float]:
+    """The method's W₂ to the anchor (:func:`~ursa_ray.evaluation.fidelity.regression_fidelity`), over every test
+    point and over those inside and outside the training region."""
+    inside = ds.test_info.get("in_distribution")
+    inside = None if inside is None else np.asarray(inside, dtype=bool)
+    return fidelity.regression_fidelity(anchor[0], anchor[1], pred.mean, pred.std, inside)
+
+
+def _points(
+    spec: TrialSpec,
+    ds: data.base.Dataset,
+    pred: RegressionPredictive,
+    anchor: tuple[np.ndarray, np.ndarray] | None,
+) -> list[dict[str, Any]]:
+    """Per-test-point rows for the method and, where there is one, for the exact ``anchor`` (method "blr"),
+    built column-wise without DataFrames (:func:`~ursa_ray.regression.points.points_rows`; docs/vectorised.md)."""
     from ursa_ray.regression.points import ANCHOR_METHOD, ANCHOR_MODEL, points_rows
 
     complexity = spec.complexity_or_nan
     where = {"complexity": complexity, "repetition": spec.seed}
     rows = points_rows(ds, pred.mean, pred.std, method=spec.label, model=spec.model, trial_id=spec.trial_id, **where)
-    if ds.feature_map is not None:
+    if anchor is not None:
         anchor_id = f"blr-{spec.dataset}-c{complexity:g}-s{spec.seed}"
-        mean, std = anchor_for_dataset(ds)
-        rows += points_rows(ds, mean, std, method=ANCHOR_METHOD, model=ANCHOR_MODEL, trial_id=anchor_id, **where)
+        rows += points_rows(ds, *anchor, method=ANCHOR_METHOD, model=ANCHOR_MODEL, trial_id=anchor_id, **where)
     return rows
 
 

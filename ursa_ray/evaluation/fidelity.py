@@ -91,11 +91,24 @@ def wasserstein2_gaussian(mean_1: np.ndarray, std_1: np.ndarray, mean_2: np.ndar
 
 
 def regression_fidelity(
-    reference_mean: np.ndarray, reference_std: np.ndarray, mean: np.ndarray, std: np.ndarray
+    reference_mean: np.ndarray,
+    reference_std: np.ndarray,
+    mean: np.ndarray,
+    std: np.ndarray,
+    in_distribution: np.ndarray | None = None,
 ) -> dict[str, float]:
     """``w2``: the mean over points of :func:`wasserstein2_gaussian` between the reference's and the method's
-    Gaussian predictive of the noise-free output."""
-    return {"w2": float(np.mean(wasserstein2_gaussian(reference_mean, reference_std, mean, std)))}
+    Gaussian predictive of the noise-free output; with ``in_distribution`` (a boolean per point), also
+    ``w2_in_distribution`` and ``w2_out_of_distribution``, its means over the points inside and outside the
+    training region (each where there are any)."""
+    w2 = wasserstein2_gaussian(reference_mean, reference_std, mean, std)
+    scores = {"w2": float(np.mean(w2))}
+    if in_distribution is not None:
+        inside = np.asarray(in_distribution, dtype=bool).reshape(-1)
+        for name, chosen in (("w2_in_distribution", inside), ("w2_out_of_distribution", ~inside)):
+            if chosen.any():
+                scores[name] = float(np.mean(w2[chosen]))
+    return scores
 
 
 def noise_floor(chain_predictives: np.ndarray) -> dict[str, float]:
