@@ -28,8 +28,8 @@ Planetoid files, ``DATA_ROOT/planetoid/NAME.npz`` (NAME: cora, citeseer, pubmed)
 numbers, ``labels`` (n,) integers 0..K−1, ``edges`` (2, E) integers (both directions of an undirected
 edge, or either: the graph is symmetrised), ``train_mask`` and ``test_mask`` (n,) booleans.  Features are
 used as stored (row-normalise them beforehand for Kipf & Welling's setup).  ``download: true`` makes them
-from the published raw files (:mod:`ursa_ray.data.planetoid_download`); docs/data.md also says how to make
-them from torch_geometric's Planetoid on an online machine.
+through torch_geometric's Planetoid (:mod:`ursa_ray.data.planetoid_download`); docs/data.md also says how to
+make them by hand on an online machine.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def load_planetoid(
     name: str, options: Mapping[str, Any], ood_names: tuple[str, ...], root: Path, download: bool, seed: int
 ) -> Dataset:
     """A Planetoid-layout file (module docstring) with its own train and test masks; with ``download``, made
-    first from the published raw files when it is absent (:mod:`ursa_ray.data.planetoid_download`)."""
+    first through torch_geometric when it is absent (:mod:`ursa_ray.data.planetoid_download`)."""
     if download and not planetoid_path(root, name).is_file():
         from ursa_ray.data.planetoid_download import fetch_planetoid
 
