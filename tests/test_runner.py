@@ -179,3 +179,22 @@ def test_live_fifo_scheduler_chooses_as_tunes_fifo_without_keeping_finished_tria
         trial.status = Trial.TERMINATED
     assert ours.choose_trial_to_run(controller) is None
     assert not ours._alive  # finished trials are dropped as they are met: none is kept
+
+
+def test_the_spec_table_gives_back_each_group_and_reaches_workers_out_of_band():
+    """The final phase's table of packed seed groups: entry i is the i-th group's bytes, and pickled as Ray
+    pickles a trainable's parameters (protocol 5, buffers out of band) it is a header of a few hundred bytes
+    whatever the number of groups: a worker maps the table rather than unpickling every group per trial
+    (a list of bytes pickled in band grows with the grid)."""
+    import os
+
+    from ursa_ray.tune.trainable import SpecTable
+
+    packed = [os.urandom(100 + i % 7) for i in range(5000)]
+    table = SpecTable(packed)
+    assert len(table) == 5000 and [table[i] for i in (0, 1, 2500, 4999)] == [packed[i] for i in (0, 1, 2500, 4999)]
+    buffers: list = []
+    header = pickle.dumps(table, protocol=5, buffer_callback=buffers.append)
+    assert len(header) < 1000 and sum(memoryview(b).nbytes for b in buffers) >= sum(map(len, packed))
+    again = pickle.loads(header, buffers=buffers)
+    assert again[4321] == packed[4321]

@@ -13,7 +13,7 @@ from ray.tune.search import Searcher
 
 from ursa_ray.results import Location, transfer_examples_location
 from ursa_ray.spec import TrialSpec
-from ursa_ray.tune.trainable import pack, request
+from ursa_ray.tune.trainable import SpecTable, pack, request
 
 
 def seed_groups(specs: list[TrialSpec]) -> list[list[TrialSpec]]:
@@ -67,7 +67,7 @@ class SpecQueue(Searcher):
             return 0 if group[0].transfer_source else 2 if group[0].transfer_from is not None else 1
 
         self._groups = sorted(groups, key=rank)
-        self.spec_table = [pack(group) for group in self._groups]
+        self.spec_table = SpecTable([pack(group) for group in self._groups])
         """The seed groups, packed (:func:`~ursa_ray.tune.trainable.config_specs`): a handed-out config holds
         an index into it; the trainable gets it once, through Ray's object store."""
         self._results_uri = results_uri

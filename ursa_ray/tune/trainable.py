@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 from ray import tune
 
@@ -48,6 +49,23 @@ def pack(specs: Any) -> bytes:
     """ursa-ray specs as one pickled ``bytes`` (a final trial's seed group in the run's spec table, a search
     cell's base spec in its Tune config): immutable, so Tune's copies of a config are the same object."""
     return pickle.dumps(specs, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class SpecTable:
+    """The final phase's packed seed groups (:func:`pack`), entry ``i`` ``table[i]``, held as one byte array and
+    its offsets: Ray passes numpy arrays out of band, so a worker's ``ray.get`` of the table maps it from the
+    object store without copying, where a list of ``bytes`` was unpickled whole for every trial (12 ms at
+    20,000 groups, 62 ms at 100,000)."""
+
+    def __init__(self, packed: Sequence[bytes]) -> None:
+        self.offsets = np.cumsum([0, *map(len, packed)], dtype=np.int64)
+        self.data = np.frombuffer(b"".join(packed), dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index: int) -> bytes:
+        return self.data[self.offsets[index] : self.offsets[index + 1]].tobytes()
 
 
 def config_specs(config: Mapping[str, Any], tune_trial_id: str, spec_table: Sequence[bytes] = ()) -> list[TrialSpec]:

@@ -57,7 +57,7 @@ def run_trials(
     (``TUNE_GLOBAL_CHECKPOINT_S``, set in :mod:`ursa_ray.tune`), not every 10 s."""
     stopper = RunStopper(interrupt or Interrupt(), echo, budget)
     trainable: Any = run_ursa_trial
-    spec_table: list[bytes] = []
+    spec_table: Any = ()
     final = param_space is None
     if final:
         param_space = {}
