@@ -36,6 +36,10 @@ averages those cell means with equal weight:
   (``corrupt:TYPE:SEVERITY``: the test set under each corruption type and severity), the mean over
   in-domain cells, types and severities; ``corrupt_accuracy_s3``, ``corrupt_ece_s3`` the same at severity 3
   (reported, not ranked);
+- ``fidelity_tv``, ``fidelity_agreement``: total variation (lower) and top-1 agreement (higher) of the test
+  predictive against the cell's reference posterior (``fidelity:test``, docs/fidelity.md), in-domain cells
+  with a reference;
+- ``train_s``: training seconds of a trial (lower; not ranked: a cost axis of the Pareto fronts);
 - ``flops_per_prediction``: FLOPs of one prediction, all test-time samples (lower), in-domain cells;
 - ``storage_bytes``: bytes of the stored posterior at 32 bits per weight (lower), in-domain cells.
 
@@ -58,7 +62,9 @@ So ten corruption types at five severities weigh as much as one adversarial set 
 
 The principles: ``accuracy`` (accuracy), ``uncertainty`` (nll, misclass_auroc, eaurc, nll_calibrated),
 ``ood`` (ood_auroc, ood_fpr95), ``decision`` (decision_cost), ``robustness`` (adv_accuracy, corrupt_accuracy,
-corrupt_ece) and ``test_time`` (flops_per_prediction, storage_bytes: URSABench's test-time scalability).
+corrupt_ece), ``fidelity`` (fidelity_tv, fidelity_agreement: how close the predictive is to the posterior
+itself, where the grid asks for a reference) and ``test_time`` (flops_per_prediction, storage_bytes:
+URSABench's test-time scalability).
 Adding a metric to a principle changes the weight of that principle's other metrics, never the principle's.
 
 Cells a method lacks (failed, or not run) are left out of its averages, never filled in.  ``cells``
@@ -74,7 +80,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ursa_ray.eval_sets import EvalKind, parse
+from ursa_ray.eval_sets import TEST, EvalKind, fidelity, parse
 from ursa_ray.results import with_eval_kinds
 
 COMPOSITES: dict[str, tuple[EvalKind, str, bool]] = {
@@ -89,6 +95,9 @@ COMPOSITES: dict[str, tuple[EvalKind, str, bool]] = {
     "ood_auroc_entropy": ("ood", "ood_auroc_entropy", True),
     "decision_cost": ("in_domain", "decision_cost", False),
     "s_per_sample": ("cost", "s_per_sample", False),
+    "train_s": ("cost", "train_s", False),
+    "fidelity_tv": ("fidelity", "total_variation", False),  # on fidelity:test only (ON_SET)
+    "fidelity_agreement": ("fidelity", "agreement", True),
     "adv_accuracy": ("adversarial", "accuracy", True),  # at the reference ε only (REFERENCE_FLAGGED)
     "corrupt_accuracy": ("corruption", "accuracy", True),
     "corrupt_ece": ("corruption", "ece", False),
@@ -104,12 +113,17 @@ PRINCIPLES = {
     "ood": ("ood_auroc", "ood_fpr95"),
     "decision": ("decision_cost",),
     "robustness": ("adv_accuracy", "corrupt_accuracy", "corrupt_ece"),
+    "fidelity": ("fidelity_tv", "fidelity_agreement"),
     "test_time": ("flops_per_prediction", "storage_bytes"),
 }
 REFERENCE_FLAGGED = {"adv_accuracy"}
 """Composites of the one white-box set whose ``reference`` metric is 1 (PGD at the family's reference ε)."""
 AT_SEVERITY = {"corrupt_accuracy_s3": 3, "corrupt_ece_s3": 3}
 """Composites of the corruption sets at one severity."""
+TRAINING_COSTS = ("s_per_sample", "train_s")
+"""Composites that are training costs: ranked under no principle, the x-axes of cost trade-offs."""
+ON_SET = {"fidelity_tv": fidelity(TEST), "fidelity_agreement": fidelity(TEST)}
+"""Composites of one evaluation set of their kind (the test set's fidelity, not the OOD sets')."""
 CELL_KEYS = ["model", "dataset", "eval_set"]
 
 
@@ -148,6 +162,8 @@ def composite_rows(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
             rows = rows.merge(flagged, on=["trial_id", "eval_set"])
         if name in AT_SEVERITY:
             rows = rows[rows["eval_set"].map(lambda s: parse(s).severity) == AT_SEVERITY[name]]
+        if name in ON_SET:
+            rows = rows[rows["eval_set"] == ON_SET[name]]
         if not rows.empty:
             frames.append(rows.assign(composite=name))
     if not frames:

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.composites import COMPOSITES  # noqa: E402
+from analysis.composites import COMPOSITES, TRAINING_COSTS  # noqa: E402
 from analysis.tables import markdown_table  # noqa: E402
 
 HOUR = 3600.0
@@ -137,7 +137,7 @@ def _plot_anytime(curves: dict[str, pd.DataFrame], path: Path) -> Path:
 
 def _plot_pareto(scores: pd.DataFrame, compute: pd.Series, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    names = [c for c in COMPOSITES if c in scores.columns and c != "s_per_sample"]
+    names = [c for c in COMPOSITES if c in scores.columns and c not in TRAINING_COSTS]
     columns = min(3, len(names))
     rows = -(-len(names) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.8 * rows), squeeze=False)

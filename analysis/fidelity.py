@@ -5,9 +5,15 @@ One table per (model, dataset) cell, one row per method, means over seeds of the
 metrics: top-1 agreement, total variation and KL(reference ‖ method); TV averaged over the OOD sets; the
 reference's own noise floor (the same metrics between two halves of its chains) and its checks (largest
 split-R̂, smallest bulk ESS).  A reference that failed its checks gets a warning line above its table.
+
+And a figure per report, ``figures/fidelity_cost.png``: per cell, each method's total variation against its
+training seconds and against its FLOPs per prediction (means over seeds), with the Pareto front
+(:func:`analysis.pareto.draw_front`): the methods that no other method beats on fidelity at no more cost.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pandas as pd
 
@@ -30,6 +36,49 @@ def fidelity_frame(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     if not ood.empty:
         test["tv_ood"] = ood.groupby(keys)["value"].mean()
     return test
+
+
+COST_AXES = (("train_s", "training seconds"), ("flops_per_prediction", "FLOPs per prediction"))
+"""The cost axes of the fidelity figure: ``cost`` metrics of the same trials."""
+
+
+def fidelity_cost_frame(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """:func:`fidelity_frame` with the mean over seeds of the :data:`COST_AXES` metrics of the same trials
+    (absent where a trial has none)."""
+    frame = fidelity_frame(metrics, trials)
+    if frame.empty:
+        return frame
+    rows = final_metrics(metrics, trials)
+    cost = rows[(rows["eval_kind"] == "cost") & rows["metric"].isin([axis for axis, _ in COST_AXES])]
+    means = cost.pivot_table(index=["model", "dataset", "method"], columns="metric", values="value", aggfunc="mean")
+    return frame.join(means, how="left")
+
+
+def plot_fidelity_cost(frame: pd.DataFrame, path: Path) -> Path:
+    """One row of panels per cell of ``frame`` (:func:`fidelity_cost_frame`): total variation (lower is
+    better, y inverted) against each cost axis, log scale, with the Pareto front."""
+    import matplotlib.pyplot as plt
+
+    from analysis.pareto import draw_front
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cells = list(frame.groupby(level=["model", "dataset"]))
+    fig, axes = plt.subplots(len(cells), len(COST_AXES), figsize=(7.2, 3.0 * len(cells) + 0.6), squeeze=False)
+    for row, ((model, dataset), cell) in zip(axes, cells):
+        cell = cell.droplevel(["model", "dataset"])
+        for ax, (axis, label) in zip(row, COST_AXES):
+            cost = cell[axis] if axis in cell else pd.Series(float("nan"), index=cell.index)
+            draw_front(ax, cost, cell["total_variation"], False, f"{model} / {dataset}: TV against {label}")
+            ax.set_ylabel("TV to the reference", fontsize=7)
+    fig.suptitle(
+        "Fidelity against cost: Pareto-optimal methods filled and joined by the front\n"
+        "(log x-axis; TV axis inverted, so up and left is better)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 COLUMNS = (
@@ -72,11 +121,12 @@ def anchor_fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame, alpha:
     return "\n\n".join(parts)
 
 
-def fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame) -> str:
-    """The fidelity tables, one per cell (empty string when no trial was scored against a reference)."""
-    frame = fidelity_frame(metrics, trials)
-    if frame.empty:
-        return ""
+def fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame, figures_dir: Path) -> tuple[str, list[Path]]:
+    """The fidelity tables, one per cell, and the fidelity-against-cost figure (:func:`plot_fidelity_cost`)
+    in ``figures_dir``; ``("", [])`` when no trial was scored against a reference."""
+    frame = fidelity_cost_frame(metrics, trials)
+    if frame.empty or "total_variation" not in frame:
+        return "", []
     parts = [
         "Each method's posterior predictive on the test set against its cell's reference posterior (the grid's "
         "`reference`: multi-chain full-batch HMC with the grid's prior and temperature, whatever the method's own "
@@ -93,4 +143,4 @@ def fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame) -> str:
                 "default); these figures are measured against an unconverged reference.**"
             )
         parts.append(markdown_table(shown.sort_values("TV") if "TV" in shown.columns else shown))
-    return "\n\n".join(parts)
+    return "\n\n".join(parts), [plot_fidelity_cost(frame, figures_dir / "fidelity_cost.png")]

@@ -1,5 +1,6 @@
 """Quality against test-time cost: the Pareto front of the methods for every quality composite, against FLOPs
-per prediction and against storage (URSABench's test-time scalability, drawn as trade-offs).
+per prediction and against storage (URSABench's test-time scalability, drawn as trade-offs), and against
+training seconds (its training cost).
 
 Reads the composite table (:func:`~analysis.composites.composite_scores`, one row per method label).  The
 cost axes are the composites ``flops_per_prediction`` and ``storage_bytes`` (bytes at 32 bits per weight),
@@ -23,15 +24,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.composites import COMPOSITES, better_direction  # noqa: E402
+from analysis.composites import COMPOSITES, TRAINING_COSTS, better_direction  # noqa: E402
 from analysis.tables import markdown_table  # noqa: E402
 
 COST_AXES = {
     # composite: (axis label, figure file name)
+    "train_s": ("training seconds of a trial", "pareto_training.png"),
     "flops_per_prediction": ("FLOPs per prediction", "pareto_flops.png"),
     "storage_bytes": ("storage of the posterior, bytes at 32 bits", "pareto_storage.png"),
 }
-NOT_QUALITY = (*COST_AXES, "s_per_sample")
+NOT_QUALITY = (*COST_AXES, *TRAINING_COSTS)
 PANEL_COLUMNS = 4
 
 
@@ -79,11 +81,46 @@ def pareto_fronts(scores: pd.DataFrame) -> pd.DataFrame:
     return table.set_index(["cost", "composite"])
 
 
+def draw_front(ax: plt.Axes, cost: pd.Series, quality: pd.Series, higher_is_better: bool, title: str) -> None:
+    """One panel: ``cost`` (log x-axis) against ``quality``, one labelled point per method (both indexed by
+    method), the Pareto-optimal ones filled and joined by the front as a step line (extended to the costliest
+    method); a lower-is-better quality is drawn with the y-axis inverted, so up and left is better.  Methods
+    without both values are named under the panel."""
+    points = pd.DataFrame({"cost": cost, "quality": quality}).dropna()
+    front = pareto_front(cost, quality, higher_is_better)
+    dominated = points.drop(index=front)
+    ax.scatter(dominated["cost"], dominated["quality"], s=18, facecolors="none", edgecolors="grey")
+    ax.scatter(points.loc[front, "cost"], points.loc[front, "quality"], s=22, color="C0", zorder=3)
+    if front:
+        xs = [*points.loc[front, "cost"], points["cost"].max()]
+        ys = [*points.loc[front, "quality"], points.loc[front[-1], "quality"]]
+        ax.step(xs, ys, where="post", color="C0", linewidth=1)
+    for _, same_cost in points.groupby("cost"):  # alternate label sides where costs coincide
+        for k, (method, (x, y)) in enumerate(same_cost.sort_values("quality").iterrows()):
+            side = 1 if k % 2 == 0 else -1
+            ax.annotate(
+                method,
+                (x, y),
+                xytext=(4 * side, 2),
+                textcoords="offset points",
+                fontsize=6,
+                ha="left" if side == 1 else "right",
+                color="C0" if method in front else "dimgrey",
+            )
+    ax.set_xscale("log")
+    ax.margins(x=0.15, y=0.1)  # room for the labels of the outermost points
+    if not higher_is_better:
+        ax.invert_yaxis()
+    ax.set_title(title, fontsize=8)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no crowded labels
+    ax.tick_params(labelsize=6)
+    lacking = sorted((set(cost.index) | set(quality.index)) - set(points.index))
+    if lacking:
+        ax.set_xlabel(f"no value: {', '.join(lacking)}", fontsize=6)
+
+
 def plot_pareto(scores: pd.DataFrame, cost_axis: str, path: Path) -> Path:
-    """A grid of small panels, one per quality composite: cost on a log x-axis, one labelled point per
-    method, the Pareto-optimal ones filled and joined by the front as a step line (extended to the costliest
-    method); lower-is-better composites are drawn with the y-axis inverted, so up and left is better in every
-    panel.  Methods without a value are named under their panel."""
+    """A grid of small panels (:func:`draw_front`), one per quality composite against ``cost_axis``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     names = quality_composites(scores)
     direction = better_direction()
@@ -93,36 +130,8 @@ def plot_pareto(scores: pd.DataFrame, cost_axis: str, path: Path) -> Path:
     for ax in axes.flat[len(names) :]:
         ax.axis("off")
     for ax, name in zip(axes.flat, names):
-        points = scores[[cost_axis, name]].dropna()
-        front = pareto_front(scores[cost_axis], scores[name], direction[name] == "higher")
-        dominated = points.drop(index=front)
-        ax.scatter(dominated[cost_axis], dominated[name], s=18, facecolors="none", edgecolors="grey")
-        ax.scatter(points.loc[front, cost_axis], points.loc[front, name], s=22, color="C0", zorder=3)
-        if front:
-            xs = [*points.loc[front, cost_axis], points[cost_axis].max()]
-            ys = [*points.loc[front, name], points.loc[front[-1], name]]
-            ax.step(xs, ys, where="post", color="C0", linewidth=1)
-        for _, same_cost in points.groupby(cost_axis):  # alternate label sides where costs coincide
-            for k, (method, (x, y)) in enumerate(same_cost.sort_values(name).iterrows()):
-                side = 1 if k % 2 == 0 else -1
-                ax.annotate(
-                    method,
-                    (x, y),
-                    xytext=(4 * side, 2),
-                    textcoords="offset points",
-                    fontsize=6,
-                    ha="left" if side == 1 else "right",
-                    color="C0" if method in front else "dimgrey",
-                )
-        ax.set_xscale("log")
-        ax.margins(x=0.15, y=0.1)  # room for the labels of the outermost points
-        if direction[name] == "lower":
-            ax.invert_yaxis()
-        ax.set_title(f"{name} ({direction[name]} is better)", fontsize=8)
-        ax.tick_params(labelsize=6)
-        lacking = missing_values(scores, cost_axis, name)
-        if lacking:
-            ax.set_xlabel(f"no value: {', '.join(lacking)}", fontsize=6)
+        higher = direction[name] == "higher"
+        draw_front(ax, scores[cost_axis], scores[name], higher, f"{name} ({direction[name]} is better)")
     label = COST_AXES[cost_axis][0]
     fig.supxlabel(f"{label} (log scale)", fontsize=9)
     fig.suptitle(
@@ -138,17 +147,19 @@ def plot_pareto(scores: pd.DataFrame, cost_axis: str, path: Path) -> Path:
 
 def pareto_markdown(scores: pd.DataFrame, figures_dir: Path) -> tuple[str, list[Path]]:
     """The Pareto section of report.md (a table per cost axis: each quality composite's Pareto-optimal
-    methods, cheapest first) and its figures (``pareto_flops.png``, ``pareto_storage.png``); ``("", [])``
-    unless ``scores`` has both cost composites and a quality composite."""
-    if any(axis not in scores or scores[axis].isna().all() for axis in COST_AXES) or not quality_composites(scores):
+    methods, cheapest first) and its figures (``pareto_training.png``, ``pareto_flops.png``,
+    ``pareto_storage.png``), one per cost axis with a value; ``("", [])`` without a cost axis or a quality
+    composite."""
+    axes = {axis: names for axis, names in COST_AXES.items() if axis in scores and scores[axis].notna().any()}
+    if not axes or not quality_composites(scores):
         return "", []
-    fronts = pareto_fronts(scores)
+    fronts = pareto_fronts(scores[[c for c in scores.columns if c not in COST_AXES or c in axes]])
     text = [
         "Pareto-optimal: no other method is at most as costly and at least as good, and strictly cheaper or"
         " strictly better (composites as in the composite table; methods without both values are left out).",
     ]
     figures = []
-    for axis, (label, file_name) in COST_AXES.items():
+    for axis, (label, file_name) in axes.items():
         table = (
             fronts.loc[axis]
             .assign(

@@ -224,14 +224,16 @@ def _write_report(
         calibration_lines, calibration_figures = calibration_section(where, metrics, trials, figures_dir)
         sections += calibration_lines
         figures_extra += calibration_figures
-        fidelity_text = fidelity_markdown(metrics, trials)
+        fidelity_text, fidelity_figures = fidelity_markdown(metrics, trials, figures_dir)
+        figures_extra += fidelity_figures
         if fidelity_text:
-            sections += ["", "## Fidelity to the reference posterior", "", fidelity_text]
+            sections += ["", "## Fidelity to the reference posterior", "", fidelity_text, ""]
+            sections += [f"![{p.stem}](figures/{p.name})" for p in fidelity_figures]
             printed += ["Fidelity to the reference posterior", fidelity_text]
         pareto_text, pareto_figures = pareto_markdown(scores, figures_dir)
         if pareto_figures:
             figures_extra += pareto_figures
-            sections += ["", "## Quality against test-time cost (Pareto fronts)", "", pareto_text, ""]
+            sections += ["", "## Quality against cost (Pareto fronts)", "", pareto_text, ""]
             sections += [f"![{p.stem}](figures/{p.name})" for p in pareto_figures]
 
     figures: list[Path] = []

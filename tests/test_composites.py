@@ -330,3 +330,23 @@ def test_a_set_of_a_new_kind_enters_no_ood_composite():
 
 def test_every_composite_names_a_kind_of_evaluation_set():
     assert {kind for kind, _, _ in COMPOSITES.values()} <= set(KINDS)
+
+
+def test_fidelity_composites_read_the_test_sets_fidelity_only_and_rank_under_their_own_principle():
+    """``fidelity_tv`` and ``fidelity_agreement`` are the method's test predictive against the reference
+    (``fidelity:test``); the OOD sets' fidelity rows (same kind) must not enter them (the mutation that drops
+    ON_SET averages 0.1 and 0.9 to 0.5 for ``close``), and ``rank_fidelity`` is a principle of its own."""
+    values = {}
+    for method, tv, agreement, ood_tv in (("close", 0.1, 0.95, 0.9), ("far", 0.3, 0.8, 0.2)):
+        values |= {
+            (method, "test", "accuracy"): 0.9,
+            (method, "fidelity:test", "total_variation"): tv,
+            (method, "fidelity:test", "agreement"): agreement,
+            (method, "fidelity:noise", "total_variation"): ood_tv,
+            (method, "fidelity:noise", "agreement"): 0.5,
+        }
+    scores = composite_scores(*_one_cell_tables(values))
+    assert scores["fidelity_tv"].to_dict() == pytest.approx({"close": 0.1, "far": 0.3})
+    assert scores["fidelity_agreement"].to_dict() == pytest.approx({"close": 0.95, "far": 0.8})
+    assert scores["rank_fidelity"].to_dict() == {"close": 1.0, "far": 2.0}
+    assert scores["mean_rank"].to_dict() == pytest.approx({"close": 1.25, "far": 1.75})  # accuracy ties at 1.5

@@ -117,3 +117,33 @@ def test_the_report_holds_regression_methods_against_the_anchor():
     assert "| 2.000 | sgd | mlp | 0.600" in text and "| 1.000 [1.000, 1.000] n=3 |" in text  # sgd's OOD W₂
     assert fidelity_frame(metrics, trials).empty
     assert anchor_fidelity_markdown(metrics.iloc[:0], trials) == ""
+
+
+def test_fidelity_against_cost_joins_each_methods_costs_and_draws_a_panel_per_cell_and_axis(tmp_path):
+    """The figure's frame: per (cell, method) the seed means of ``fidelity:test`` TV and of the same trials'
+    ``train_s`` and ``flops_per_prediction`` cost rows; a figure is written and the report section links it."""
+    from analysis.fidelity import fidelity_cost_frame, fidelity_markdown
+
+    trials, metrics = [], []
+    for method, tv, seconds, flops in (("hmc", 0.05, 30.0, 2e6), ("sgd", 0.4, 2.0, 1e5), ("swag", 0.3, 4.0, 1e6)):
+        for seed in range(2):
+            trial_id = f"{method}-{seed}"
+            trials.append({"trial_id": trial_id, "phase": "final", "status": "ok", "task": "classification",
+                           "method": method, "model": "mlp", "dataset": "digits", "seed": seed})  # fmt: skip
+            for eval_set, kind, metric, value in (
+                ("fidelity:test", "fidelity", "total_variation", tv + 0.01 * seed),
+                ("fidelity:test", "fidelity", "agreement", 1 - tv),
+                ("cost", "cost", "train_s", seconds * (1 + seed)),
+                ("cost", "cost", "flops_per_prediction", flops),
+            ):
+                metrics.append({"trial_id": trial_id, "phase": "final", "method": method, "model": "mlp",
+                                "dataset": "digits", "seed": seed, "eval_set": eval_set, "eval_kind": kind,
+                                "metric": metric, "value": value})  # fmt: skip
+    trials, metrics = pd.DataFrame(trials), pd.DataFrame(metrics)
+    frame = fidelity_cost_frame(metrics, trials).droplevel(["model", "dataset"])
+    assert frame.loc["sgd", "total_variation"] == pytest.approx(0.405)
+    assert frame.loc["hmc", "train_s"] == pytest.approx(45.0) and frame.loc["swag", "flops_per_prediction"] == 1e6
+    text, figures = fidelity_markdown(metrics, trials, tmp_path)
+    assert "### mlp / digits" in text and [f.name for f in figures] == ["fidelity_cost.png"]
+    assert figures[0].read_bytes().startswith(b"\x89PNG")
+    assert fidelity_markdown(metrics[metrics.eval_kind == "cost"], trials, tmp_path / "none") == ("", [])

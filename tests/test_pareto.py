@@ -79,7 +79,10 @@ def test_markdown_lists_fronts_and_left_out_methods(tmp_path):
     assert "| accuracy | higher | l | m |" in text  # against storage l is cheaper and better than k
     assert [f.name for f in figures] == ["pareto_flops.png", "pareto_storage.png"]
     assert all(f.read_bytes().startswith(b"\x89PNG") for f in figures)
-    assert pareto_markdown(scores.drop(columns="storage_bytes"), tmp_path / "none") == ("", [])
+    text, figures = pareto_markdown(scores.drop(columns="storage_bytes"), tmp_path / "flops_only")
+    assert [f.name for f in figures] == ["pareto_flops.png"] and "### Against storage" not in text
+    no_cost = scores.drop(columns=["storage_bytes", "flops_per_prediction"])
+    assert pareto_markdown(no_cost, tmp_path / "none") == ("", [])
     assert pareto_markdown(scores.drop(columns="accuracy"), tmp_path / "none") == ("", [])  # no quality composite
     assert not (tmp_path / "none").exists()
 
@@ -140,7 +143,7 @@ def test_report_writes_the_pareto_section_and_figures(tmp_path):
     _results_directory(tmp_path, with_cost=True)
     write_report(tmp_path)
     report = (tmp_path / "report.md").read_text()
-    section = report.split("## Quality against test-time cost (Pareto fronts)")[1].split("\n## ")[0]
+    section = report.split("## Quality against cost (Pareto fronts)")[1].split("\n## ")[0]
     # FLOPs: sgd 4e5 < deep_ensemble 2e6 < mc_dropout 8e6, and the ensemble is better than MC dropout
     assert "| accuracy | higher | sgd, deep_ensemble | - |" in section.split("### Against storage")[0]
     assert "| nll | lower | sgd, deep_ensemble | - |" in section.split("### Against storage")[0]

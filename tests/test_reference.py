@@ -217,3 +217,5 @@ def test_a_run_computes_each_cells_reference_first_and_scores_every_final_trial_
     section = report.split("## Fidelity to the reference posterior")[1]
     assert "### mlp / digits" in section and "**Warning: the reference did not pass" in section
     assert "noise floor TV" in section and "ref R̂ max" in section and "| sgd |" in section
+    assert "![fidelity_cost](figures/fidelity_cost.png)" in section and (out / "figures" / "fidelity_cost.png").exists()
+    assert "rank_fidelity" in report.split("## Composite scores")[1].split("\n## ")[0]
