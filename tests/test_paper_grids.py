@@ -113,3 +113,27 @@ def test_medium_scale_starts_on_cifar_format_files(with_data):
     evals = {m["eval_set"] for m in outcome.metrics}
     assert {"test", "svhn", "stl10"} <= evals
     assert outcome.record["n_params"] == 23_520_842
+
+
+@pytest.mark.parametrize("method", ["sngp", "mfvi"])
+def test_the_surrogate_densities_run_on_a_wide_resnet_from_cifar_format_files(with_data, method):
+    """medium_scale's sngp and mfvi entries train and evaluate on the WideResNet (at depth 10, width 1 here:
+    the same blocks as WRN-28-10, fewer of them) from CIFAR-format files: SNGP with spectral-normalised
+    convolutions and its GP layer on the pooled features, MFVI with Flipout convolutions.  Attacks,
+    corruptions and bit depths are left out: test_medium_scale runs them."""
+    grid = load_grid(GRIDS / "medium_scale.yaml")
+    spec = next(
+        s for s in grid.trial_specs() if s.label == method and s.model == "wide_resnet" and s.dataset == "cifar10"
+    )
+    spec = _shrunk(dataclasses.replace(spec, model_options={"depth": 10, "widen_factor": 1}))
+    light = {
+        "corruptions": {**spec.corruptions, "types": []},
+        "bit_depths": (),
+        "adversarial": {**spec.adversarial, "attacks": [], "transfer": False},
+        "transfer_source": False,
+    }
+    outcome = run_trial(dataclasses.replace(spec, **light))  # what it scores is test_medium_scale's claim
+    evals = {m["eval_set"] for m in outcome.metrics}
+    assert {"test", "svhn", "stl10"} <= evals
+    values = {m["metric"]: m["value"] for m in outcome.metrics if m["eval_set"] == "test"}
+    assert 0.0 <= values["accuracy"] <= 1.0 and np.isfinite(values["nll"])
