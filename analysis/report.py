@@ -17,6 +17,7 @@ from analysis.bit_depth import bit_depth_table
 from analysis.calibration_figures import calibration_section
 from analysis.composites import COMPOSITES, better_direction, composite_coverage, per_cell_table, with_eval_kinds
 from analysis.corruption_shift import corruption_rows, corruption_table, corruption_values, plot_corruption_shift
+from analysis.dee import dee_markdown
 from analysis.fidelity import anchor_fidelity_markdown, fidelity_markdown
 from analysis.intervals import interval_text
 from analysis.pareto import pareto_markdown
@@ -157,6 +158,9 @@ def _write_report(
             table = per_cell_table(metrics, trials, metric, "test", alpha=alpha, interval=interval)
             if not table.empty:
                 sections += ["", f"### {title}", "", markdown_table(table)]
+        dee = dee_markdown(metrics, trials)
+        if dee:
+            sections += ["", "### Deep-ensemble equivalent (DEE)", "", dee]
         kinds = with_eval_kinds(metrics)
         ood_sets = sorted(set(kinds.loc[kinds["eval_kind"] == "ood", "eval_set"]))
         for ood in ood_sets:

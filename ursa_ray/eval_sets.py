@@ -16,6 +16,7 @@ kind            name                               the set
 ``transfer``    ``transfer:ATTACK_epsE`` / ...     examples crafted on an SGD source network
 ``fidelity``    ``fidelity:SET``                   ``test`` or an OOD set, against the reference
 ``reference``   ``reference:SET``                  the reference posterior's own noise floor
+``members``     ``members:M``                      the test set under an ensemble's first M members
 ==============  =================================  ==================================================
 
 A name outside this grammar (an unknown ``PREFIX:``, an unknown ``@SCHEME``, a reserved name used as an OOD
@@ -35,11 +36,11 @@ from typing import Literal
 
 EvalKind = Literal[
     "in_domain", "validation", "cost", "ood", "bit_depth", "corruption", "adversarial", "transfer", "fidelity",
-    "reference",
+    "reference", "members",
 ]  # fmt: skip
 KINDS: tuple[EvalKind, ...] = (
     "in_domain", "validation", "cost", "ood", "bit_depth", "corruption", "adversarial", "transfer", "fidelity",
-    "reference",
+    "reference", "members",
 )  # fmt: skip
 
 TEST = "test"
@@ -59,6 +60,7 @@ _PREFIX_KINDS: dict[str, EvalKind] = {
     "transfer": "transfer",
     "fidelity": "fidelity",
     "reference": "reference",
+    "members": "members",
 }
 _PLAIN_KINDS: dict[str, EvalKind] = {TEST: "in_domain", VALIDATION: "validation", COST: "cost"}
 RESERVED_NAMES = tuple(_PLAIN_KINDS)
@@ -89,6 +91,8 @@ class EvalSet:
     """``fgsm`` or ``pgd`` (``adversarial``, ``transfer``); None for the clean examples."""
     epsilon: float | None = None
     """The attack's ε in pixel units; 0 for the clean examples."""
+    n_members: int | None = None
+    """The ensemble members behind the predictive (``members``)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,6 +132,11 @@ def fidelity(base: str) -> str:
 def reference(base: str) -> str:
     """``reference:SET``: the reference posterior's noise floor and convergence on ``base``."""
     return _checked(f"reference:{base}")
+
+
+def members(n_members: int) -> str:
+    """``members:M``: the test set under the predictive of an ensemble's first ``n_members`` members."""
+    return _checked(f"members:{n_members}")
 
 
 def _checked(name: str) -> str:
@@ -187,6 +196,10 @@ def _parse_prefixed(name: str, kind: EvalKind, rest: str) -> EvalSet:
             raise UnknownEvalSet(name, f"expected {name.partition(':')[0]}:clean or ATTACK_epsE with ATTACK in "
                                  f"{', '.join(ATTACKS)}")  # fmt: skip
         return EvalSet(name, kind, TEST, attack=match["attack"], epsilon=float(match["epsilon"]))
+    if kind == "members":
+        if not rest.isdigit() or int(rest) < 1:
+            raise UnknownEvalSet(name, "expected members:M with an integer M >= 1")
+        return EvalSet(name, kind, TEST, n_members=int(rest))
     _require_test_or_ood(name, rest)  # fidelity:SET, reference:SET
     return EvalSet(name, kind, rest)
 

@@ -295,6 +295,8 @@ class Method(abc.ABC):
     - :meth:`posterior_storage`: what it stores at test time (default S networks).
     - :meth:`warm_up`: one-off costs of a fresh worker (default none).
     - :meth:`model_refusal`: a model the method cannot run with a configuration (default: none refused).
+    - ``member_curve``: whether its samples are the members of an ensemble, so that a trial reports the test
+      metrics after each member (``members:M`` sets, the curve the deep-ensemble equivalent reads); False.
 
     An object written against the earlier protocol (the same attributes, no base class) is adapted by
     :func:`as_method`.
@@ -305,6 +307,8 @@ class Method(abc.ABC):
     hyperparameters: tuple[Hyperparameter, ...]
     constraints: tuple[Constraint, ...] = ()
     tasks: tuple[str, ...] | None = None
+    member_curve: bool = False
+    """Whether its samples are the members of an ensemble (see the class docstring)."""
     chains_in_turn_when_unbatchable: bool = False
     """Whether, on a network that cannot be batched (:func:`~ursa_ray.methods.batched.can_batch`), the stream
     yields its chains one after another (chain 1's S samples, then chain 2's, ...) rather than interleaved

@@ -85,6 +85,7 @@ class DeepEnsemble(Method):
         ),
     )
     posterior_storage = staticmethod(sample_networks_storage)  # the M = S members
+    member_curve = True
 
     def sample_posterior(
         self, problem: Problem, config: Mapping[str, Any], stats: dict[str, float]

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ursa_ray.evaluation.probes import adversarial, bit_depth, corruptions, fidelity, in_domain, ood
+from ursa_ray.evaluation.probes import adversarial, bit_depth, corruptions, fidelity, in_domain, members, ood
 from ursa_ray.evaluation.probes.base import Probe, ProbeContext
 
 PROBES: tuple[Callable[[ProbeContext], list[Probe]], ...] = (
     bit_depth.probes,
     in_domain.probes,
+    members.probes,  # reads the test predictive in_domain fills
     ood.probes,
     corruptions.probes,
     adversarial.probes,
