@@ -69,6 +69,24 @@ def test_a_single_block_may_select_cells_too_and_a_file_block_has_no_reference_t
     assert given["mlp"] is None and given["linear"]["file"] == str(probs) and len(given["linear"]["sha256"]) == 64
 
 
+def test_a_trial_id_follows_its_references_content_not_where_it_is(tmp_path):
+    """A final trial's fidelity rows depend on its cell's reference: a changed file (or prior) is a new trial, and
+    a new grid for the results directory's guard; a moved file or another store (``dir``) is not."""
+
+    def final_ids(reference: dict) -> list[str]:
+        return [s.trial_id for s in parse_grid({**GRID, "reference": reference}).trial_specs()]
+
+    for name, value in (("a.csv", 0.1), ("b.csv", 0.1), ("c.csv", 0.2)):
+        np.savetxt(tmp_path / name, np.full((N_TEST, N_CLASSES), value), delimiter=",")
+    moved = final_ids({"file": str(tmp_path / "a.csv")})
+    assert moved == final_ids({"file": str(tmp_path / "b.csv")})
+    assert moved != final_ids({"file": str(tmp_path / "c.csv")})
+    assert (
+        final_ids({**SHORT, "dir": "/a"}) == final_ids({**SHORT, "dir": "/b"}) != final_ids({**SHORT, "rhat_max": 1.2})
+    )
+    assert parse_grid(GRID).trial_specs()[0].trial_id not in final_ids(SHORT)
+
+
 def test_file_and_dir_paths_are_taken_from_the_grid_files_folder(tmp_path, monkeypatch):
     folder = tmp_path / "project"
     (folder / "refs").mkdir(parents=True)

@@ -433,7 +433,8 @@ def trial_id(spec: TrialSpec) -> str:
     It hashes everything a result depends on: phase, method, model and dataset with their options, OOD sets,
     seed, configuration, and for a dataset read from files its ``file`` block with the sha256 of the files'
     content (so changed data is a new trial, and a new grid for :func:`ursa_ray.guard.grid_fingerprint`), but
-    not the files' paths (moving the project keeps a results directory resumable)."""
+    not the files' paths (moving the project keeps a results directory resumable); and the settings of the
+    cell's reference, which its fidelity rows depend on (a file's sha256, not its path; not the store's ``dir``)."""
     identity = {
         k: getattr(spec, k)
         for k in ("phase", "method", "model", "model_options", "dataset", "dataset_options", "ood", "seed", "config")
@@ -442,6 +443,8 @@ def trial_id(spec: TrialSpec) -> str:
         identity["precision"] = spec.precision
     if spec.dataset_file is not None:
         identity["dataset_file"] = {k: v for k, v in spec.dataset_file.items() if k not in ("path", "ood")}
+    if spec.reference is not None:  # a grid without a reference keeps its trials' ids
+        identity["reference"] = {k: v for k, v in spec.reference.items() if k not in ("file", "dir")}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"{spec.phase}-{spec.cell_slug}-s{spec.seed}-{digest}"
 
