@@ -4,7 +4,8 @@ posterior (multi-chain HMC, docs/fidelity.md), read from ``metrics.parquet`` onl
 One table per (model, dataset) cell, one row per method, means over seeds of the final trials' ``fidelity:test``
 metrics: top-1 agreement, total variation and KL(reference ‖ method); TV averaged over the OOD sets; the
 reference's own noise floor (the same metrics between two halves of its chains) and its checks (largest
-split-R̂, smallest bulk ESS).  A reference that failed its checks gets a warning line above its table.
+split-R̂, smallest bulk ESS).  A reference that failed its checks gets a warning line above its table; a
+reference from file (``reference_from_file``: no chains, so no checks or noise floor) a line saying so.
 
 And a figure per report, ``figures/fidelity_cost.png``: per cell, each method's total variation against its
 training seconds and against its FLOPs per prediction (means over seeds), with the Pareto front
@@ -130,13 +131,18 @@ def fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame, figures_dir: 
     parts = [
         "Each method's posterior predictive on the test set against its cell's reference posterior (the grid's "
         "`reference`: multi-chain full-batch HMC with the grid's prior and temperature, whatever the method's own "
-        "prior). Means over seeds. The noise floor is the same metric between two halves of the reference's "
+        "prior, or probabilities from a file). Means over seeds. The noise floor is the same metric between two halves of the reference's "
         "chains: a method within it is as close as a second run of the reference."
     ]
     for (model, dataset), table in frame.groupby(level=["model", "dataset"]):
         table = table.droplevel(["model", "dataset"])
-        shown = table[[c for c, _ in COLUMNS if c in table.columns]].rename(columns=dict(COLUMNS))
+        shown = table[[c for c, _ in COLUMNS if c in table.columns]].dropna(axis=1, how="all")
+        shown = shown.rename(columns=dict(COLUMNS))
         parts.append(f"### {model} / {dataset}")
+        if "reference_from_file" in table.columns and (table["reference_from_file"] == 1).any():
+            parts.append(
+                "Reference from file: no convergence check (a file holds no chains: no R̂, ESS or noise floor)."
+            )
         if "converged" in table.columns and (table["converged"] < 1).any():
             parts.append(
                 "**Warning: the reference did not pass its convergence checks (R̂ ≤ 1.1 and bulk ESS ≥ 100 by "

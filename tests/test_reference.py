@@ -135,7 +135,8 @@ GRID = {"name": "ref", "methods": ["sgd"], "models": ["mlp"], "datasets": [{"nam
         ({"method": "sgld"}, "reference.method: expected one of ['hmc']"),
         ({"chains": 1}, "reference.chains: expected a value >= 2"),
         ({"prior_std": float("nan")}, "reference.prior_std:"),
-        ([4], "reference: expected a mapping"),
+        ([4], "reference[0]: expected a mapping"),
+        (4, "reference: expected a mapping"),
     ],
 )
 def test_a_bad_reference_block_is_one_line_naming_the_field(tmp_path, capsys, block, message):

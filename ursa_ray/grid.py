@@ -82,8 +82,9 @@ TOP_KEYS = {
     "vectorize_seeds": "the most seeds of one cell trained as one batched computation in one trial "
     f"(a positive integer, default {DEFAULT_VECTORIZE_SEEDS}; 1 runs every seed alone)",
     "search": f"the hyperparameter search phase {sorted(SEARCH_KEYS)}",
-    "reference": "a reference posterior for every classification cell {method: hmc, chains, n_samples, burn_in, "
-    "prior_std, temperature, ...} (docs/fidelity.md)",
+    "reference": "a reference posterior for the classification cells: a block {method: hmc, chains, n_samples, "
+    "burn_in, prior_std, temperature, ..., dir} or {file: PATH}, or a list of blocks each selecting cells with "
+    "models: and datasets: (docs/fidelity.md)",
     "statistics": "how the report's per-cell intervals over seeds are computed {interval: t or bootstrap} "
     "(default t; docs/statistics.md)",
 }
@@ -152,6 +153,22 @@ class DatasetEntry:
 
 
 @dataclass(frozen=True)
+class ReferenceBlock:
+    """One block of the grid's ``reference``: the settings the final specs of the cells it serves carry
+    (:attr:`~ursa_ray.spec.TrialSpec.reference`: HMC settings and an optional ``dir``, absolute; or ``file``,
+    absolute, with the ``sha256`` of its bytes) and the cells it may serve (``models``, ``datasets``; None: all)."""
+
+    settings: dict[str, Any]
+    models: tuple[str, ...] | None = None
+    datasets: tuple[str, ...] | None = None
+    field_name: str = "reference"
+    """Where the block is in the grid (``reference`` or ``reference[i]``), for error messages."""
+
+    def matches(self, model: str, dataset: str) -> bool:
+        return (self.models is None or model in self.models) and (self.datasets is None or dataset in self.datasets)
+
+
+@dataclass(frozen=True)
 class Grid:
     """A validated grid."""
 
@@ -182,9 +199,9 @@ class Grid:
     """The grid's ``precision`` (:data:`~ursa_ray.methods._training.PRECISIONS`); None: each trial's default."""
     source: str = ""
     """The grid as written (its YAML text), kept beside the results as ``grid.yaml``."""
-    reference: dict[str, Any] | None = None
-    """The validated ``reference`` settings (:mod:`ursa_ray.reference`), carried by every final spec of a
-    classification cell; None: no reference."""
+    references: tuple[ReferenceBlock, ...] = ()
+    """The validated ``reference`` blocks (:mod:`ursa_ray.reference`), in the grid's order: a classification
+    cell's reference is the first block that matches it (:meth:`reference_for`); empty: no reference."""
     statistics: dict[str, str] = field(default_factory=lambda: {"interval": "t"})
     """The validated ``statistics`` block (:func:`parse_statistics`): how ``ursa-ray report`` computes intervals;
     it changes no trial."""
@@ -208,6 +225,22 @@ class Grid:
                             {"method": m, "model": mo, "dataset": d, "complexity": c, "dataset_options": options}
                         )
         return out
+
+    def reference_for(self, model: str, dataset: str) -> ReferenceBlock | None:
+        """The block giving the classification cell (``model``, ``dataset``) its reference: the first that
+        matches it; None: the cell has none."""
+        return next((block for block in self.references if block.matches(model, dataset)), None)
+
+    def reference_cells(self) -> list[tuple[ReferenceBlock, dict[str, Any]]]:
+        """(block, cell) for each classification (model, dataset, dataset options) of the grid with a reference,
+        the cell being the first of :meth:`cells` on it."""
+        out: dict[str, tuple[ReferenceBlock, dict[str, Any]]] = {}
+        for cell in self.cells():
+            block = self.reference_for(cell["model"].name, cell["dataset"].name)
+            key = json.dumps([cell["model"].name, cell["dataset"].name, cell["dataset_options"]], default=str)
+            if block is not None and cell["dataset"].task == "classification":
+                out.setdefault(key, (block, cell))
+        return list(out.values())
 
     def n_final_trials(self) -> int:
         """How many final-phase trials the grid has (cells × seeds), counted without building them."""
@@ -236,8 +269,8 @@ class Grid:
                 specs.append(self.spec_for(cell, seed, phase, extra))
         if phase == "final" and self.adversarial["transfer"]:
             specs = _link_transfer_sources(specs)
-        if phase == "final" and self.reference is not None:
-            references, specs = _link_references(specs, self.reference)
+        if phase == "final" and self.references:
+            references, specs = _link_references(specs)
             specs = references + specs
         if phase == "final" and not overrides:
             self._final_specs[:] = specs
@@ -254,6 +287,7 @@ class Grid:
         m: MethodEntry = cell["method"]
         fixed = {k: v for _, layer in _layers(m, cell["model"].name, self.budget) for k, v in layer.items()}
         task = cell["dataset"].task
+        block = self.reference_for(cell["model"].name, cell["dataset"].name)
         spec = TrialSpec(
             phase=phase,
             method=m.name,
@@ -282,7 +316,7 @@ class Grid:
             validation_fraction=(
                 self.search.validation_fraction if phase == "search" and self.search is not None else None
             ),
-            reference=self.reference if phase == "final" and task == "classification" else None,
+            reference=block.settings if block is not None and phase == "final" and task == "classification" else None,
         )
         return dataclasses.replace(spec, trial_id=trial_id(spec))
 
@@ -341,12 +375,12 @@ def _link_transfer_sources(specs: list[TrialSpec]) -> list[TrialSpec]:
     return marked
 
 
-def _link_references(specs: list[TrialSpec], settings: dict[str, Any]) -> tuple[list[TrialSpec], list[TrialSpec]]:
+def _link_references(specs: list[TrialSpec]) -> tuple[list[TrialSpec], list[TrialSpec]]:
     """(the reference trials, ``specs`` linked to them) of final ``specs``: one reference per classification
-    (model, options, dataset, options, file, OOD sets), phase ``reference`` (:func:`ursa_ray.reference.reference_spec`,
-    cell ``reference/MODEL/DATASET``), made from the first spec of that cell; every spec of the cell gets
-    ``reference_from``: its id.  The run orchestration runs the references first and the others once theirs
-    has finished."""
+    (model, options, dataset, options, file, OOD sets) whose specs carry computed ``reference`` settings, phase
+    ``reference`` (:func:`ursa_ray.reference.reference_spec`, cell ``reference/MODEL/DATASET``), made from the
+    first spec of that cell; every spec of the cell gets ``reference_from``: its id.  The run orchestration runs
+    the references first and the others once theirs has finished.  A reference from file has no trial."""
     from ursa_ray import reference
 
     def where(spec: TrialSpec) -> str:
@@ -356,13 +390,13 @@ def _link_references(specs: list[TrialSpec], settings: dict[str, Any]) -> tuple[
     made: dict[str, TrialSpec] = {}
     linked = []
     for spec in specs:
-        if spec.reference is None:
+        if spec.reference is None or "file" in spec.reference:
             linked.append(spec)
             continue
         ref = made.get(where(spec))
         if ref is None:
             ref = dataclasses.replace(
-                reference.reference_spec(spec, settings),
+                reference.reference_spec(spec, spec.reference),
                 cell=f"reference/{spec.model}/{spec.dataset}",
                 vectorize_seeds=1,
                 transfer_from=None,
@@ -399,7 +433,8 @@ def trial_id(spec: TrialSpec) -> str:
     It hashes everything a result depends on: phase, method, model and dataset with their options, OOD sets,
     seed, configuration, and for a dataset read from files its ``file`` block with the sha256 of the files'
     content (so changed data is a new trial, and a new grid for :func:`ursa_ray.guard.grid_fingerprint`), but
-    not the files' paths (moving the project keeps a results directory resumable)."""
+    not the files' paths (moving the project keeps a results directory resumable); and the settings of the
+    cell's reference, which its fidelity rows depend on (a file's sha256, not its path; not the store's ``dir``)."""
     identity = {
         k: getattr(spec, k)
         for k in ("phase", "method", "model", "model_options", "dataset", "dataset_options", "ood", "seed", "config")
@@ -408,6 +443,8 @@ def trial_id(spec: TrialSpec) -> str:
         identity["precision"] = spec.precision
     if spec.dataset_file is not None:
         identity["dataset_file"] = {k: v for k, v in spec.dataset_file.items() if k not in ("path", "ood")}
+    if spec.reference is not None:  # a grid without a reference keeps its trials' ids
+        identity["reference"] = {k: v for k, v in spec.reference.items() if k not in ("file", "dir")}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"{spec.phase}-{spec.cell_slug}-s{spec.seed}-{digest}"
 
@@ -857,7 +894,7 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     max_failures = _int(path, "max_failures", raw.get("max_failures", 0), 0)
     vectorize_seeds = _int(path, "vectorize_seeds", raw.get("vectorize_seeds", DEFAULT_VECTORIZE_SEEDS), 1)
     search = parse_search_settings(path, raw.get("search"), _fail)
-    reference = _parse_reference(path, raw.get("reference"))
+    references = _parse_references(path, raw.get("reference"), model_names, dataset_names)
     statistics = parse_statistics(path, raw.get("statistics"))
     if search is None and any(m.search_space for m in method_entries):
         raise _fail(path, "search", "methods declare search spaces but the grid has no search block")
@@ -910,9 +947,10 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         vectorize_seeds=vectorize_seeds,
         max_trials=max_trials,
         source=yaml.safe_dump(raw, sort_keys=False),
-        reference=reference,
+        references=references,
         statistics=statistics,
     )
+    _check_references_serve(grid)
     n_final = grid.n_final_trials()
     if n_final > max_trials:
         raise _fail(
@@ -940,21 +978,84 @@ def parse_statistics(path: str, raw: Any) -> dict[str, str]:
     return {"interval": interval}
 
 
-def _parse_reference(path: str, raw: Any) -> dict[str, Any] | None:
-    """The grid-wide ``reference`` block (None when absent): keys from :func:`ursa_ray.reference.declared_settings`
-    with their ranges, the unset ones left to :data:`ursa_ray.reference.SETTINGS_DEFAULTS` and HMC's defaults;
-    a burn-in it cannot afford is not checked here (HMC's adaptation runs within it)."""
-    from ursa_ray import reference
+REFERENCE_BLOCK_KEYS = ("models", "datasets", "file", "dir")
+"""A ``reference`` block's keys besides the settings of a computed reference (:func:`ursa_ray.reference.declared_settings`)."""
 
+
+def _parse_references(
+    path: str, raw: Any, model_names: list[str], dataset_names: list[str]
+) -> tuple[ReferenceBlock, ...]:
+    """The grid's ``reference``: one block (a mapping) or a list of blocks, each checked by :func:`_reference_block`;
+    empty when absent."""
     if raw is None:
-        return None
-    if not isinstance(raw, dict) or not raw:
-        raise _fail(
-            path,
-            "reference",
-            f"expected a mapping with keys among {', '.join(h.name for h in reference.declared_settings())}",
+        return ()
+    if isinstance(raw, list) and raw:
+        return tuple(
+            _reference_block(path, f"reference[{i}]", block, model_names, dataset_names) for i, block in enumerate(raw)
         )
-    return _check_options(path, "reference", "reference", reference.declared_settings(), raw)
+    return (_reference_block(path, "reference", raw, model_names, dataset_names),)
+
+
+def _reference_block(
+    path: str, where: str, raw: Any, model_names: list[str], dataset_names: list[str]
+) -> ReferenceBlock:
+    """One ``reference`` block: optional ``models`` / ``datasets`` selectors (names of the grid's), then either
+    ``file`` alone (a path, relative to the grid file's folder) or the settings of a computed reference (keys from
+    :func:`ursa_ray.reference.declared_settings` with their ranges, the unset ones left to
+    :data:`ursa_ray.reference.SETTINGS_DEFAULTS` and HMC's defaults; a burn-in it cannot afford is not checked
+    here, HMC's adaptation runs within it) with an optional ``dir``."""
+    from ursa_ray import reference
+    from ursa_ray.data.files import content_digest
+
+    declared = reference.declared_settings()
+    allowed = [h.name for h in declared] + list(REFERENCE_BLOCK_KEYS)
+    if not isinstance(raw, dict) or not raw:
+        listed = ", or a list of such blocks" if where == "reference" else ""
+        raise _fail(path, where, f"expected a mapping with keys among {', '.join(allowed)}{listed}")
+    _reject_former_names(path, where, "reference", declared, raw)
+    for key in raw:
+        if key not in allowed:
+            raise _fail(path, f"{where}.{key}", f"unknown option; allowed: {', '.join(allowed)}")
+    models = _name_subset(path, f"{where}.models", raw.get("models"), model_names, "model")
+    datasets = _name_subset(path, f"{where}.datasets", raw.get("datasets"), dataset_names, "dataset")
+    given = {k: v for k, v in raw.items() if k not in ("models", "datasets")}
+    if "file" in given:
+        for key in given:
+            if key != "file":
+                raise _fail(path, f"{where}.{key}", "a reference from file is not computed: give file alone")
+        file = _reference_path(path, f"{where}.file", given["file"])
+        settings = {"file": file, "sha256": content_digest([file])}
+    else:
+        settings = _check_options(path, where, "reference", declared, {k: v for k, v in given.items() if k != "dir"})
+        if "dir" in given:
+            settings["dir"] = _reference_path(path, f"{where}.dir", given["dir"])
+    return ReferenceBlock(settings, models, datasets, where)
+
+
+def _reference_path(path: str, where: str, value: Any) -> str:
+    """A block's ``file`` or ``dir``: absolute, a relative path taken from the grid file's folder; a ``dir`` may
+    be an object-store URI (``s3://...``), kept as given."""
+    if not isinstance(value, str) or not value:
+        raise _fail(path, where, f"expected a path (relative to the grid file's folder), got {value!r}")
+    if "://" in value:
+        return value
+    return str((Path(path).parent / Path(value).expanduser()).resolve())
+
+
+def _check_references_serve(grid: Grid) -> None:
+    """Refuse a ``reference`` block that gives no classification cell (model, dataset) of the grid its
+    reference: none matches it, or an earlier block matches each first."""
+    served = {id(block) for block, _ in grid.reference_cells()}
+    for block in grid.references:
+        if id(block) not in served:
+            cells = [c for c in grid.cells() if c["dataset"].task == "classification"]
+            pairs = sorted({f"{c['model'].name}/{c['dataset'].name}" for c in cells}) or ["none"]
+            raise _fail(
+                grid.path,
+                block.field_name,
+                "gives no cell its reference: it matches no classification (model, dataset) of the grid that an "
+                f"earlier block does not (the grid's classification cells, model/dataset: {', '.join(pairs)})",
+            )
 
 
 CORRUPTION_KEYS = ("types", "severities", "n_examples")
@@ -1059,8 +1160,9 @@ def load_grid(path: str | Path) -> Grid:
 
 
 def check_data(grid: Grid) -> None:
-    """Raise GridError when a dataset's files are missing (before any trial starts), or a dataset read
-    from files cannot be used (each is loaded once, see :func:`_check_file_dataset`)."""
+    """Raise GridError when a dataset's files are missing (before any trial starts), a dataset read from files
+    cannot be used (each is loaded once, see :func:`_check_file_dataset`), or a cell's reference cannot be: a
+    computed one too large for full-batch HMC, a file that does not fit the cell's evaluation sets."""
     from ursa_ray import data
 
     root = data.base.data_root(grid.data_root)
@@ -1075,38 +1177,55 @@ def check_data(grid: Grid) -> None:
             spec.check(root, d.ood)
         except data.base.DatasetMissing as exc:
             raise GridError(f"{grid.path}: datasets[{i}]: {exc}") from None
-    if grid.reference is not None:
-        _check_reference_fits(grid, root)
+    loaded: dict[str, Any] = {}  # each dataset (and options) loaded once for the reference checks
+    for block, cell in grid.reference_cells():
+        d, ood = cell["dataset"], cell["dataset"].ood if "file" in block.settings else ()  # a file may hold OOD sets
+        key = json.dumps([d.name, cell["dataset_options"], ood], sort_keys=True, default=str)
+        if key not in loaded:
+            loaded[key] = data.dataset_spec(d.name, d.file).load(
+                dict(cell["dataset_options"]), ood, root, grid.download, 0
+            )
+        if "file" in block.settings:
+            _check_reference_file(grid, block, loaded[key])
+        else:
+            _check_reference_fits(grid, block, cell["model"], d.name, loaded[key])
 
 
-def _check_reference_fits(grid: Grid, root: Path) -> None:
-    """Refuse a reference on a classification (model, dataset) whose full-batch memory estimate
-    (:func:`ursa_ray.reference.full_batch_bytes`) exceeds :data:`ursa_ray.reference.MAX_FULL_BATCH_BYTES`;
-    each such dataset is loaded once and each model built once on the CPU."""
-    from ursa_ray import data, models, reference
+def _check_reference_file(grid: Grid, block: ReferenceBlock, ds: Any) -> None:
+    """Refuse a reference file that is missing, unreadable, or whose sets, examples or classes do not fit the
+    evaluation sets of a cell it serves (:func:`ursa_ray.reference.check_reference_sets`): one line naming the
+    file and ``reference.file``."""
+    from ursa_ray import reference
 
-    chains = int({**reference.SETTINGS_DEFAULTS, **grid.reference}["chains"])
-    for d in grid.datasets:
-        if d.task != "classification":
-            continue
-        ds = data.dataset_spec(d.name, d.file).load(dict(d.options), (), root, grid.download, 0)
-        for mo in grid.models:
-            model_spec = models.get_model(mo.name)
-            if d.task not in model_spec.tasks:
-                continue
-            kwargs = dict(mo.options)
-            if model_spec.needs_feature_map:
-                kwargs["feature_map"] = ds.feature_map
-            n_params = sum(p.numel() for p in model_spec.build(ds.input_shape, ds.n_outputs, **kwargs).parameters())
-            need = reference.full_batch_bytes(len(ds.train_y), math.prod(ds.input_shape), n_params, chains)
-            if need > reference.MAX_FULL_BATCH_BYTES:
-                raise _fail(
-                    grid.path,
-                    "reference",
-                    f"full-batch HMC on {mo.name}/{d.name} needs at least {need / 2**20:,.0f} MiB "
-                    f"({len(ds.train_y):,} training inputs of {math.prod(ds.input_shape):,} values and {chains} chains of "
-                    f"{n_params:,} parameters); the limit is {reference.MAX_FULL_BATCH_BYTES / 2**20:,.0f} MiB",
-                )
+    sizes = {"test": int(ds.test_x.shape[0]), **{name: int(x.shape[0]) for name, x in ds.ood.items()}}
+    try:
+        sets = reference.read_reference_file(block.settings["file"])
+        reference.check_reference_sets(sets, sizes, ds.n_outputs)
+    except reference.ReferenceFileError as exc:
+        raise _fail(grid.path, f"{block.field_name}.file", f"{block.settings['file']}: {exc}") from None
+
+
+def _check_reference_fits(grid: Grid, block: ReferenceBlock, mo: ModelEntry, dataset: str, ds: Any) -> None:
+    """Refuse a computed reference on a classification (model, dataset) whose full-batch memory estimate
+    (:func:`ursa_ray.reference.full_batch_bytes`) exceeds :data:`ursa_ray.reference.MAX_FULL_BATCH_BYTES`; the
+    model is built once on the CPU."""
+    from ursa_ray import models, reference
+
+    chains = int({**reference.SETTINGS_DEFAULTS, **block.settings}["chains"])
+    model_spec = models.get_model(mo.name)
+    kwargs = dict(mo.options)
+    if model_spec.needs_feature_map:
+        kwargs["feature_map"] = ds.feature_map
+    n_params = sum(p.numel() for p in model_spec.build(ds.input_shape, ds.n_outputs, **kwargs).parameters())
+    need = reference.full_batch_bytes(len(ds.train_y), math.prod(ds.input_shape), n_params, chains)
+    if need > reference.MAX_FULL_BATCH_BYTES:
+        raise _fail(
+            grid.path,
+            block.field_name,
+            f"full-batch HMC on {mo.name}/{dataset} needs at least {need / 2**20:,.0f} MiB "
+            f"({len(ds.train_y):,} training inputs of {math.prod(ds.input_shape):,} values and {chains} chains of "
+            f"{n_params:,} parameters); the limit is {reference.MAX_FULL_BATCH_BYTES / 2**20:,.0f} MiB",
+        )
 
 
 def _check_padding_readers(grid: Grid, dataset: str, ds: Any) -> None:

@@ -21,7 +21,12 @@ atomically (:meth:`~ursa_ray.results.Location.write_parquet`), with one row per 
 ``chain`` −1 is the pooled predictive, 0..C−1 the chains; classification columns ``p0..p{K−1}``, regression
 ``mean`` and ``std``.  The file's Parquet metadata key ``ursa_ray.reference`` holds JSON: fingerprint, task,
 settings, convergence, noise floors and cost.  The fingerprint (:func:`fingerprint`) hashes everything the
-reference depends on, so a changed prior, model or data is another file.
+reference depends on, so a changed prior, model or data is another file; the store is the results directory's
+``references/`` folder, or the block's ``dir`` (a store shared between results directories).
+
+A reference from file (the grid's ``reference: {file: PATH}``, :func:`read_reference_file`): per-example
+predictive probabilities computed elsewhere, pooled only -- no chains, so no R̂, ESS or noise floor
+(:attr:`Reference.convergence` None; its fidelity rows say ``reference_from_file`` instead).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,6 +58,15 @@ SETTINGS_DEFAULTS: dict[str, Any] = {"method": "hmc", "chains": 4, "n_samples": 
 """Reference settings a grid may leave out (``prior_std`` and ``temperature`` default to HMC's own)."""
 
 METADATA_KEY = b"ursa_ray.reference"
+
+LOCATION_KEYS = ("dir",)
+"""Settings that say where a computed reference is stored, not what it is: left out of its fingerprint."""
+
+FILE_SUFFIXES = (".parquet", ".csv")
+"""The files a ``reference: {file: PATH}`` may be (:func:`read_reference_file`)."""
+
+PROBABILITY_TOLERANCE = 1e-3
+"""How far a file's row of probabilities may sum from 1 (the competition's CSV holds float32 values)."""
 
 OWN_SETTINGS = (
     Hyperparameter("method", str, "hmc", "the reference's sampler (the existing full-batch HMC)", choices=("hmc",)),
@@ -89,7 +104,7 @@ def full_batch_bytes(n_train: int, input_size: int, n_params: int, n_chains: int
 def hmc_config(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The HMC configuration of the reference: ``chains`` as ``n_chains``, every other setting except
     ``method``, ``seed`` and the convergence thresholds as the HMC hyperparameter of that name."""
-    own = {"method", "seed", "chains", "rhat_max", "ess_min"}
+    own = {"method", "seed", "chains", "rhat_max", "ess_min", *LOCATION_KEYS}
     given = {k: v for k, v in {**SETTINGS_DEFAULTS, **settings}.items() if k not in own}
     return resolve_config(get_method("hmc"), {**given, "n_chains": int({**SETTINGS_DEFAULTS, **settings}["chains"])})
 
@@ -98,7 +113,8 @@ def fingerprint(spec: TrialSpec, settings: Mapping[str, Any], data_digest: str) 
     """sha256 (first 16 hex digits) of what a reference depends on: dataset, its options and file block
     (paths left out; ``data_digest`` hashes the tensors themselves), model and options, the task (so the
     likelihood), the resolved HMC configuration (prior, temperature, chains, samples, burn-in...), the
-    reference's seed and thresholds."""
+    reference's seed and thresholds; not where it is stored (``dir``)."""
+    settings = what_it_is(settings)
     identity = {
         "dataset": spec.dataset,
         "dataset_options": spec.dataset_options,
@@ -112,6 +128,11 @@ def fingerprint(spec: TrialSpec, settings: Mapping[str, Any], data_digest: str) 
         "data": data_digest,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def what_it_is(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` without the keys that say where the reference is stored (:data:`LOCATION_KEYS`)."""
+    return {k: v for k, v in settings.items() if k not in LOCATION_KEYS}
 
 
 def data_digest(ds: Dataset) -> str:
@@ -145,27 +166,31 @@ def reference_spec(spec: TrialSpec, settings: Mapping[str, Any]) -> TrialSpec:
 @dataclass
 class Reference:
     """A computed or stored reference: pooled and per-chain predictives by evaluation set (classification
-    (n, K) / (C, n, K) probabilities; regression (n, 2) / (C, n, 2) columns mean, std), its checks and cost."""
+    (n, K) / (C, n, K) probabilities; regression (n, 2) / (C, n, 2) columns mean, std), its checks and cost.
+    A reference from file (:func:`file_reference`) has no chains, no noise floor and ``convergence`` None."""
 
     fingerprint: str
     task: str
     pooled: dict[str, np.ndarray]
     chains: dict[str, np.ndarray]
-    convergence: fidelity.Convergence
+    convergence: fidelity.Convergence | None
+    """None: a reference from file, which has no chains to check."""
     noise_floor: dict[str, dict[str, float]]
     settings: dict[str, Any] = field(default_factory=dict)
     cost: dict[str, float] = field(default_factory=dict)
 
     def metrics(self, eval_set: str, accumulator: Any) -> dict[str, float]:
         """A method's fidelity on ``eval_set`` (its accumulated predictive) beside the reference's noise floor
-        (``noise_*``) and checks (``rhat_max``, ``ess_bulk_min``, ``converged``)."""
+        (``noise_*``) and checks (``rhat_max``, ``ess_bulk_min``, ``converged``); a reference from file has
+        neither and says ``reference_from_file`` = 1 instead."""
         ref = self.pooled[eval_set]
         if self.task == "classification":
             scores = fidelity.classification_fidelity(ref, accumulator.mean_probs)
         else:
             scores = fidelity.regression_fidelity(ref[:, 0], ref[:, 1], accumulator.mean, accumulator.std)
         floor = {f"noise_{k}": v for k, v in self.noise_floor.get(eval_set, {}).items()}
-        return {**scores, **floor, **self.convergence.as_metrics()}
+        checks = {"reference_from_file": 1.0} if self.convergence is None else self.convergence.as_metrics()
+        return {**scores, **floor, **checks}
 
     def to_table(self) -> pa.Table:
         frames = []
@@ -228,3 +253,95 @@ def read_reference(location: Location) -> Reference:
     if location.is_local:
         return Reference.from_table(pq.read_table(location.local_path))
     return Reference.from_table(pq.read_table(location.path, filesystem=location.fs))
+
+
+class ReferenceFileError(ValueError):
+    """A reference file that cannot be used; the message says what is wrong with it (not where it is)."""
+
+
+def read_reference_file(path: str) -> dict[str, np.ndarray]:
+    """The per-example predictive probabilities of a reference file, (n, K) float64 by evaluation set:
+
+    - ``.csv``: the NeurIPS 2021 approximate-inference competition's release (``probs.csv``): no header, one
+      row per test example, K comma-separated probabilities; the test set only.
+    - ``.parquet`` with an ``eval_set`` column: the stored reference layout (one row per eval_set, chain,
+      example; :meth:`Reference.to_table`): the pooled rows (``chain`` −1 where there is a ``chain`` column),
+      ordered by ``example``; every set it names.
+    - ``.parquet`` without: a saved prediction table (``predictions/<trial>__test.parquet``,
+      :func:`ursa_ray.evaluation.predictions.prediction_table`): the test set, ordered by ``index``.
+
+    Columns ``p0..p{K−1}``; each row's probabilities non-negative, summing to 1 within
+    :data:`PROBABILITY_TOLERANCE`.  A file that breaks these raises :class:`ReferenceFileError`."""
+    if not Path(path).is_file():
+        raise ReferenceFileError("no such file")
+    if not path.endswith(FILE_SUFFIXES):
+        raise ReferenceFileError(f"expected a {' or '.join(FILE_SUFFIXES)} file")
+    try:
+        if path.endswith(".csv"):
+            sets = {"test": np.loadtxt(path, delimiter=",", ndmin=2, dtype=np.float64)}
+        else:
+            sets = _parquet_sets(pd.read_parquet(path))
+    except (ValueError, OSError, pa.ArrowException) as exc:
+        raise ReferenceFileError(f"cannot read it: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+    for name, probs in sets.items():
+        _check_probabilities(name, probs)
+    return sets
+
+
+def _parquet_sets(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The probabilities by set of a Parquet reference file (:func:`read_reference_file`'s two layouts)."""
+    numbered = sorted((int(c[1:]), c) for c in frame.columns if isinstance(c, str) and c[:1] == "p" and c[1:].isdigit())
+    if not numbered or [k for k, _ in numbered] != list(range(len(numbered))):
+        raise ReferenceFileError("expected probability columns p0, p1, ..., p{K-1}")
+    columns = [c for _, c in numbered]
+    if "eval_set" not in frame.columns:
+        return {"test": _ordered(frame, "index", columns)}
+    if "chain" in frame.columns:
+        frame = frame[frame["chain"] == -1]
+        if frame.empty:
+            raise ReferenceFileError("has a chain column but no pooled rows (chain -1)")
+    return {str(name): _ordered(rows, "example", columns) for name, rows in frame.groupby("eval_set", sort=False)}
+
+
+def _ordered(rows: pd.DataFrame, order: str, columns: list[str]) -> np.ndarray:
+    """``rows``' probabilities in the order of their ``order`` column, which must number them 0..n−1 (no column:
+    the rows' own order)."""
+    if order in rows.columns:
+        rows = rows.sort_values(order)
+        if not np.array_equal(rows[order].to_numpy(), np.arange(len(rows))):
+            raise ReferenceFileError(f"column {order} must number the examples 0..n-1, each once")
+    return rows[columns].to_numpy(np.float64)
+
+
+def _check_probabilities(name: str, probs: np.ndarray) -> None:
+    if probs.ndim != 2 or probs.shape[0] == 0 or probs.shape[1] < 2:
+        raise ReferenceFileError(f"{name}: expected one row per example of at least 2 class probabilities")
+    sums = probs.sum(axis=1)
+    bad = np.flatnonzero(~np.isfinite(sums) | (probs.min(axis=1) < 0) | (np.abs(sums - 1) > PROBABILITY_TOLERANCE))
+    if bad.size:
+        raise ReferenceFileError(
+            f"{name}: row {bad[0]} is not a probability vector (non-negative, summing to 1 within "
+            f"{PROBABILITY_TOLERANCE:g}; it sums to {sums[bad[0]]:.6g})"
+        )
+
+
+def check_reference_sets(sets: Mapping[str, np.ndarray], sizes: Mapping[str, int], n_classes: int) -> None:
+    """Refuse probabilities that do not fit a cell: a set other than its evaluation sets (``sizes``: examples by
+    set, ``test`` and its OOD sets), no ``test`` set, or a set whose examples or classes differ from the cell's."""
+    if "test" not in sets:
+        raise ReferenceFileError(f"has no test set (sets in the file: {', '.join(sets)})")
+    for name, probs in sets.items():
+        if name not in sizes:
+            raise ReferenceFileError(f"set {name!r} is not evaluated on this cell (its sets: {', '.join(sizes)})")
+        if probs.shape != (sizes[name], n_classes):
+            raise ReferenceFileError(
+                f"{name}: {probs.shape[0]:,} examples of {probs.shape[1]} classes; the cell's {name} set has "
+                f"{sizes[name]:,} examples of {n_classes} classes"
+            )
+
+
+def file_reference(settings: Mapping[str, Any]) -> Reference:
+    """The reference of a ``reference: {file: PATH}`` block (``settings``: ``file``, ``sha256``): its pooled
+    probabilities (:func:`read_reference_file`), no chains, checks or noise floor."""
+    pooled = read_reference_file(settings["file"])
+    return Reference(f"file:{settings['sha256'][:16]}", "classification", pooled, {}, None, {}, dict(settings))

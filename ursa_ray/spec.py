@@ -81,8 +81,9 @@ class TrialSpec:
     validation_fraction: float | None = None
     """A search trial's validation split, a fraction of the training set; None in the other phases."""
     reference: dict[str, Any] | None = None
-    """The grid's ``reference`` settings, on a final classification trial's spec (and its reference's); else
-    None."""
+    """The settings of the grid's ``reference`` block serving this cell (:class:`ursa_ray.grid.ReferenceBlock`:
+    a computed reference's, with an optional ``dir``; or ``file`` and ``sha256``), on a final classification
+    trial's spec (and its reference's); else None."""
     reference_from: str | None = None
     """The id of the cell's reference trial, which runs first; None without a reference."""
     transfer_source: bool = False
@@ -90,7 +91,7 @@ class TrialSpec:
     transfer_from: str | None = None
     """The id of the transfer source whose examples this trial is scored on; None: not scored on any."""
     references_dir: str | None = None
-    """Where the cell's reference is stored (the results' ``references/`` folder), set by the run when the
+    """Where the cell's reference is stored (the block's ``dir``, else the results' ``references/`` folder), set by the run when the
     trial is handed out (:class:`ursa_ray.tune.queue.SpecQueue`)."""
     transfer_examples: str | None = None
     """Where the transfer source saved its examples, set by the run when the trial is handed out; None: none

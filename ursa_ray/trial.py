@@ -455,7 +455,7 @@ def _run_reference(run: TrialRun, spec: TrialSpec, settings: Mapping[str, Any]) 
         "n_samples": float(run.stats.get("n_samples", 0)),
     }
     fingerprint = reference.fingerprint(spec, settings, reference.data_digest(run.ds))
-    return reference.Reference(fingerprint, task, pooled, chains, checked, floors, {**merged}, cost)
+    return reference.Reference(fingerprint, task, pooled, chains, checked, floors, reference.what_it_is(merged), cost)
 
 
 def _pooled_chains_and_floors(

@@ -49,7 +49,8 @@ class SpecQueue(Searcher):
 
     Reference trials (phase ``reference``) go before everything, and a trial of their cell
     (``reference_from``) waits for its reference as a transfer attack's trial waits for its source; each
-    spec with ``reference`` settings gets ``references_dir``, the ``references/`` folder of ``results_uri``.
+    spec with computed ``reference`` settings gets ``references_dir``: the block's ``dir`` (a store shared between
+    results directories), else the ``references/`` folder of ``results_uri``.  A reference from file has no trial.
     The transfer attack's order: transfer sources (``transfer_source``) go first, trials that need none
     next, and a trial scored on a source's examples (``transfer_from``) waits until its seeds' sources are
     complete (``suggest`` returns None meanwhile; Tune asks again), then gets ``transfer_examples``, the
@@ -102,8 +103,10 @@ class SpecQueue(Searcher):
         """What ``spec`` gets when it is handed out: where its cell's reference is stored (by fingerprint), and
         the transfer examples its source saved (a failed source saves none)."""
         added = {}
-        if spec.reference is not None:
-            added["references_dir"] = (Location.parse(self._results_uri) / "references").uri
+        if spec.reference is not None and "file" not in spec.reference:
+            added["references_dir"] = (
+                spec.reference.get("dir") or (Location.parse(self._results_uri) / "references").uri
+            )
         if spec.transfer_from is not None:
             saved = transfer_examples_location(self._results_uri, spec.transfer_from)
             if saved.exists():

@@ -13,14 +13,18 @@ from ursa_ray.spec import TrialSpec
 
 
 def _fidelity(spec: TrialSpec, ds: data.base.Dataset, accumulators: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """``fidelity:SET`` metrics of the trial's predictive on the test and OOD sets against its cell's stored
-    reference (:meth:`ursa_ray.reference.Reference.metrics`), found by fingerprint in ``spec.references_dir``;
-    none when no reference with this cell's fingerprint is stored (its reference trial failed)."""
-    key = reference.fingerprint(spec, spec.reference, reference.data_digest(ds))
-    stored = reference.reference_location(Location.parse(spec.references_dir), key)
-    if not stored.exists():
-        return {}
-    ref = reference.read_reference(stored)
+    """``fidelity:SET`` metrics of the trial's predictive on the test and OOD sets against its cell's reference
+    (:meth:`ursa_ray.reference.Reference.metrics`): the grid's file (``reference: {file: ...}``), else the one
+    stored with this cell's fingerprint in ``spec.references_dir``; none when no such reference is stored (its
+    reference trial failed)."""
+    if "file" in spec.reference:
+        ref = reference.file_reference(spec.reference)
+    else:
+        key = reference.fingerprint(spec, spec.reference, reference.data_digest(ds))
+        stored = reference.reference_location(Location.parse(spec.references_dir), key)
+        if not stored.exists():
+            return {}
+        ref = reference.read_reference(stored)
     return {
         eval_sets.fidelity(name): ref.metrics(name, accumulators[name]) for name in ref.pooled if name in accumulators
     }
@@ -38,7 +42,7 @@ class FidelityProbe(Probe):
 
 
 def probes(context: ProbeContext) -> list[Probe]:
-    """Final trials of a grid with a reference whose references folder is known, else none."""
+    """Final trials of a cell with a reference (from file, or computed and stored in a known folder), else none."""
     spec = context.trial.spec
-    wanted = spec.phase == "final" and spec.reference is not None and spec.references_dir
+    wanted = spec.phase == "final" and spec.reference is not None and ("file" in spec.reference or spec.references_dir)
     return [FidelityProbe(context)] if wanted else []
