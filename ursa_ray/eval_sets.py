@@ -16,7 +16,14 @@ kind            name                               the set
 ``transfer``    ``transfer:ATTACK_epsE`` / ...     examples crafted on an SGD source network
 ``fidelity``    ``fidelity:SET``                   ``test`` or an OOD set, against the reference
 ``reference``   ``reference:SET``                  the reference posterior's own noise floor
+``calibrated``  ``SET@calibrated``                 ``SET`` (the test set, an OOD, corruption, ``adv:`` or
+                                                   ``transfer:`` set) under the posterior predictive
+                                                   tempered by the trial's fitted temperature
 ==============  =================================  ==================================================
+
+A ``@calibrated`` set has a kind of its own, so that no table or composite of the raw set's kind ever
+averages it in with the raw values: the report shows it as its own variant of the method
+(``analysis.composites.final_metrics``).
 
 A name outside this grammar (an unknown ``PREFIX:``, an unknown ``@SCHEME``, a reserved name used as an OOD
 set) is refused with :class:`UnknownEvalSet`: a new kind of set must be added here, so that it never counts
@@ -28,6 +35,7 @@ Pure naming: this module imports nothing heavy, so that ``analysis/`` (which rea
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,11 +43,11 @@ from typing import Literal
 
 EvalKind = Literal[
     "in_domain", "validation", "cost", "ood", "bit_depth", "corruption", "adversarial", "transfer", "fidelity",
-    "reference",
+    "reference", "calibrated",
 ]  # fmt: skip
 KINDS: tuple[EvalKind, ...] = (
     "in_domain", "validation", "cost", "ood", "bit_depth", "corruption", "adversarial", "transfer", "fidelity",
-    "reference",
+    "reference", "calibrated",
 )  # fmt: skip
 
 TEST = "test"
@@ -50,6 +58,10 @@ CLEAN = "clean"
 BIT_DEPTH_SCHEMES = ("float16", "bfloat16", "int8")
 """The ``@SCHEME`` suffixes: :data:`ursa_ray.evaluation.test_time_cost.QUANTISATION_SCHEMES` (a test keeps
 the two equal; that module imports torch)."""
+CALIBRATED = "calibrated"
+"""The suffix of a set under the temperature-scaled predictive (``SET@calibrated``)."""
+CALIBRATED_KINDS: tuple[EvalKind, ...] = ("in_domain", "ood", "corruption", "adversarial", "transfer")
+"""The kinds of set that have a ``@calibrated`` twin."""
 ATTACKS = ("fgsm", "pgd")
 """The attacks of ``adv:`` and ``transfer:`` sets (:data:`ursa_ray.evaluation.adversarial.ATTACKS`)."""
 
@@ -89,6 +101,9 @@ class EvalSet:
     """``fgsm`` or ``pgd`` (``adversarial``, ``transfer``); None for the clean examples."""
     epsilon: float | None = None
     """The attack's ε in pixel units; 0 for the clean examples."""
+    raw: str | None = None
+    """For a ``calibrated`` set, the name of the set it is the tempered twin of (the other fields are that
+    set's: ``base``, ``corruption``, ``attack``, ...); None otherwise."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -130,6 +145,12 @@ def reference(base: str) -> str:
     return _checked(f"reference:{base}")
 
 
+def calibrated(raw: str) -> str:
+    """``SET@calibrated``: the set ``raw`` (a kind of :data:`CALIBRATED_KINDS`) under the posterior predictive
+    tempered by the temperature fitted on the trial's validation split (``calibrate: temperature``)."""
+    return _checked(f"{raw}@{CALIBRATED}")
+
+
 def _checked(name: str) -> str:
     parse(name)
     return name
@@ -143,6 +164,8 @@ def parse(name: str) -> EvalSet:
     """The kind and parts of ``name``; :class:`UnknownEvalSet` for a name outside the grammar."""
     if not isinstance(name, str) or not name:
         raise UnknownEvalSet(str(name), "expected a non-empty string")
+    if name.endswith(f"@{CALIBRATED}"):
+        return _parse_calibrated(name)
     prefix, colon, rest = name.partition(":")
     if colon:
         if prefix not in _PREFIX_KINDS:
@@ -171,6 +194,16 @@ def kinds_by_name(names: Iterable[str]) -> dict[str, EvalKind]:
 def is_ood_name(name: str) -> bool:
     """Whether ``name`` may name a dataset's OOD set: a plain name that no other kind reserves."""
     return bool(name) and ":" not in name and "@" not in name and name not in RESERVED_NAMES
+
+
+def _parse_calibrated(name: str) -> EvalSet:
+    raw = name[: -len(f"@{CALIBRATED}")]
+    parsed = parse(raw)
+    if parsed.kind not in CALIBRATED_KINDS:
+        raise UnknownEvalSet(
+            name, f"{raw!r} is a {parsed.kind} set; calibrated twins exist of {', '.join(CALIBRATED_KINDS)} sets"
+        )
+    return dataclasses.replace(parsed, name=name, kind="calibrated", raw=raw)
 
 
 def _parse_prefixed(name: str, kind: EvalKind, rest: str) -> EvalSet:

@@ -83,6 +83,10 @@ class TrialSpec:
     reference: dict[str, Any] | None = None
     """The grid's ``reference`` settings, on a final classification trial's spec (and its reference's); else
     None."""
+    calibrate: str | None = None
+    """The method entry's post-hoc calibration, ``temperature`` (:data:`ursa_ray.grid.CALIBRATIONS`), on a final
+    classification trial's spec: the trial holds out a validation split of its training set and reports its
+    sets tempered by the temperature fitted there (``SET@calibrated``) beside the raw ones; else None."""
     reference_from: str | None = None
     """The id of the cell's reference trial, which runs first; None without a reference."""
     transfer_source: bool = False
