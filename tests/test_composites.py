@@ -330,3 +330,44 @@ def test_a_set_of_a_new_kind_enters_no_ood_composite():
 
 def test_every_composite_names_a_kind_of_evaluation_set():
     assert {kind for kind, _, _ in COMPOSITES.values()} <= set(KINDS)
+
+
+def test_calibrated_sets_are_a_variant_of_their_own_never_averaged_into_the_raw_method():
+    """Temperature scaling's ``SET@calibrated`` rows of method ``a`` (here its NLL set to 0.1 and its OOD
+    entropy AUROC to 0.99, every other value as raw) make the method ``a@calibrated``: its own row in the
+    composite table, with the trial's cost copied and ``a``'s cell counts, while ``a`` and ``b`` keep every
+    composite they had; in the per-cell table it is a row beside ``a``."""
+    from analysis.composites import per_cell_table
+
+    metrics, trials = _tables()
+    metrics = with_eval_kinds(metrics)
+    twins = metrics[
+        (metrics["method"] == "a")
+        & (metrics["phase"] == "final")
+        & metrics["eval_kind"].isin(("in_domain", "ood", "corruption", "adversarial"))
+        & (metrics["metric"] != "reference")
+    ]
+    twins = twins.assign(eval_set=twins["eval_set"] + "@calibrated", eval_kind="calibrated")
+    twins.loc[twins["metric"] == "nll", "value"] = 0.1
+    twins.loc[twins["metric"] == "ood_auroc_entropy", "value"] = 0.99
+    before = composite_scores(metrics, trials)
+    after = composite_scores(pd.concat([metrics, twins], ignore_index=True), trials)
+    names = [c for c in COMPOSITES if c in before.columns]
+    pd.testing.assert_frame_equal(after.loc[["a", "b"], names], before.loc[["a", "b"], names])
+    variant = after.loc["a@calibrated"]
+    assert variant["nll"] == pytest.approx(0.1) and variant["ood_auroc_entropy"] == pytest.approx(0.99)
+    for name in (
+        "accuracy",
+        "ood_auroc",
+        "adv_accuracy",
+        "corrupt_ece",
+        "decision_cost",
+        "s_per_sample",
+        "storage_bytes",
+    ):
+        assert variant[name] == pytest.approx(before.loc["a", name]), name
+    assert (variant["cells"], variant["planned_cells"], variant["complete"]) == (2, 2, True)
+    table = per_cell_table(pd.concat([metrics, twins], ignore_index=True), trials, "nll", "test")
+    assert list(table.index) == ["a", "a@calibrated", "b"]
+    assert table.loc["a@calibrated", "mlp / digits"].startswith("0.100 ± 0.000")
+    assert table.loc["a", "mlp / digits"].startswith("0.310 ± ")
