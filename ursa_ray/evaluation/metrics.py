@@ -230,8 +230,8 @@ def calibrated_nll(probs: ArrayLike, labels: ArrayLike, smoothing: float = 1e-4)
     (each weighted by its size) and the temperature reported the geometric mean of the 2·splits fitted
     temperatures.  Tempering acts on the log of the (smoothed, as in :func:`nll`) posterior predictive,
     z_ik = log((1 − ε) p̄_ik + ε/K), p_T = softmax(z / T): at T = 1 this is exactly :func:`nll`, and it
-    is what a saved prediction table holds.  (Ashukha et al. temper each member's logits before averaging;
-    that needs the per-sample logits, which the saved predictive does not keep.)
+    is what a saved prediction table holds.  (Tempering each sample's logits before averaging would need the
+    per-sample logits, which the saved predictive does not keep.)
     """
     p, y = _checked(probs, labels)
     if len(y) < 2:
