@@ -336,6 +336,8 @@ def test_report_writes_markdown(tiny_run, capsys):
     # temperature scaling's variant is a method of its own, ranked beside the raw one
     composite = report.split("## Composite scores")[1].split("\n## ")[0]
     assert "| mc_dropout_ts@calibrated |" in composite and "| mc_dropout_ts |" in composite
+    fitted = report.split("### temperature scaling: T fitted")[1].split("\n### ")[0]
+    assert "| mc_dropout_ts@calibrated |" in fitted and "| mc_dropout |" not in fitted
 
 
 def test_resume_reruns_only_missing_trials(ray_session, tmp_path):
