@@ -40,6 +40,14 @@ def test_a_calibrated_set_is_a_kind_of_its_own_that_keeps_its_raw_sets_parts(raw
     assert dataclasses.replace(got, name=raw, kind=parse(raw).kind, raw=None) == parse(raw)
 
 
+def test_an_attack_sets_crafted_name_builds_it_back():
+    for crafted in ("clean", eval_sets.attack_set("pgd", 1 / 16), eval_sets.attack_set("fgsm", 8 / 255)):
+        for build in (eval_sets.adversarial, eval_sets.transfer):
+            assert eval_sets.crafted_set(build(crafted)) == crafted
+    with pytest.raises(UnknownEvalSet, match="not an adv: or transfer: set"):
+        eval_sets.crafted_set("corrupt:rotate:3")
+
+
 @pytest.mark.parametrize(
     "name",
     [

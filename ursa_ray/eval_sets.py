@@ -151,6 +151,15 @@ def calibrated(raw: str) -> str:
     return _checked(f"{raw}@{CALIBRATED}")
 
 
+def crafted_set(name: str) -> str:
+    """The crafted set an ``adv:`` or ``transfer:`` name scores (:func:`attack_set`'s name, or ``clean``):
+    what :func:`adversarial` and :func:`transfer` were built from."""
+    parsed = parse(name)
+    if parsed.kind not in ("adversarial", "transfer"):
+        raise UnknownEvalSet(name, "not an adv: or transfer: set")
+    return CLEAN if parsed.attack is None else attack_set(parsed.attack, float(parsed.epsilon or 0.0))
+
+
 def _checked(name: str) -> str:
     parse(name)
     return name

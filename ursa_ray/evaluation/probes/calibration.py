@@ -50,11 +50,11 @@ def calibrated_sets(
         corrupted = SavedPredictive(tables[name])
         tempered = TemperedPredictive(corrupted, temperature)
         out[eval_sets.calibrated(name)] = classification_metrics(tempered, corrupted.labels, cost_matrix)
-    for kind, prefix in (("adversarial", "adv:"), ("transfer", "transfer:")):
-        attacked = {n[len(prefix) :]: t for n, t in tables.items() if kinds[n] == kind}
+    for kind, named in (("adversarial", eval_sets.adversarial), ("transfer", eval_sets.transfer)):
+        attacked = {eval_sets.crafted_set(n): t for n, t in tables.items() if kinds[n] == kind}
         if attacked:
             for crafted, table in metrics_from_adversarial_tables(attacked, temperature).items():
-                out[eval_sets.calibrated(prefix + crafted)] = table
+                out[eval_sets.calibrated(named(crafted))] = table
     return out
 
 
