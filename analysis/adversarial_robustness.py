@@ -37,8 +37,9 @@ def adversarial_table(
     final = final[final["eval_set"].map(attacks).notna()]
     if final.empty:
         return pd.DataFrame()
-    epsilon = final[final["metric"] == "epsilon"].set_index(["trial_id", "eval_set"])["value"]
-    final = final[final["metric"].isin(METRICS)].join(epsilon.rename("epsilon"), on=["trial_id", "eval_set"])
+    on = ["trial_id", "method", "eval_set"]  # a trial's method and its calibrated variant share its sets
+    epsilon = final[final["metric"] == "epsilon"].set_index(on)["value"]
+    final = final[final["metric"].isin(METRICS)].join(epsilon.rename("epsilon"), on=on)
     attack = final["eval_set"].map(attacks)
     final = final.assign(attack=attack.where(final["eval_kind"] == "adversarial", "transfer-" + attack))
     keys = ["method", "attack", "epsilon", "metric"]

@@ -27,6 +27,7 @@ def bit_depth_table(
     final = final_metrics(metrics, trials)
     final = final[~final["dataset"].isin(decision_task_datasets(trials)) & final["metric"].isin(COLUMNS)]
     final = final[final["eval_kind"].isin(("in_domain", "ood", "bit_depth"))]
+    final = final[final["method"].isin(set(final.loc[final["eval_kind"] == "bit_depth", "method"]))]  # no variants
     parsed = {name: parse(name) for name in final["eval_set"].unique()}
     final = final.assign(
         base_set=final["eval_set"].map(lambda s: parsed[s].base),

@@ -80,7 +80,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ursa_ray.eval_sets import TEST, EvalKind, fidelity, parse
+from ursa_ray.eval_sets import CALIBRATED, TEST, EvalKind, fidelity, kinds_by_name, parse
 from ursa_ray.results import with_eval_kinds
 
 COMPOSITES: dict[str, tuple[EvalKind, str, bool]] = {
@@ -129,12 +129,38 @@ CELL_KEYS = ["model", "dataset", "eval_set"]
 
 def final_metrics(metrics: pd.DataFrame, trials: pd.DataFrame, task: str | None = "classification") -> pd.DataFrame:
     """Metric rows of final-phase trials that finished ok (of one task, unless ``task`` is None), each with its
-    ``eval_kind`` (:func:`with_eval_kinds`)."""
+    ``eval_kind`` (:func:`with_eval_kinds`), temperature scaling's sets as rows of calibrated variants
+    (:func:`as_calibrated_variants`)."""
     keep = (trials["phase"] == "final") & (trials["status"] == "ok")
     if task is not None:
         keep &= trials["task"] == task
     ok = trials.loc[keep, "trial_id"]
-    return with_eval_kinds(metrics[metrics["trial_id"].isin(ok) & (metrics["phase"] == "final")])
+    return as_calibrated_variants(
+        with_eval_kinds(metrics[metrics["trial_id"].isin(ok) & (metrics["phase"] == "final")])
+    )
+
+
+def calibrated_variant(method: str) -> str:
+    """The name under which the report shows ``method``'s temperature-scaled predictive: ``METHOD@calibrated``."""
+    return f"{method}@{CALIBRATED}"
+
+
+def as_calibrated_variants(final: pd.DataFrame) -> pd.DataFrame:
+    """``final`` (rows with ``eval_kind``) with each ``SET@calibrated`` row (kind ``calibrated``: temperature
+    scaling, ``calibrate: temperature``) made a row of the method's calibrated variant
+    (:func:`calibrated_variant`) on ``SET``, with ``SET``'s kind, and the trial's ``cost`` rows copied to the
+    variant (same network, same samples).  So every table and composite shows the variant as a method of its
+    own, ranked beside the raw one, and never averages calibrated values into the raw method's."""
+    calibrated = final["eval_kind"] == "calibrated"
+    if not calibrated.any():
+        return final
+    raw = {name: parse(name).raw for name in final.loc[calibrated, "eval_set"].unique()}
+    twins = final[calibrated]
+    twins = twins.assign(method=twins["method"].map(calibrated_variant), eval_set=twins["eval_set"].map(raw))
+    twins = twins.assign(eval_kind=twins["eval_set"].map(kinds_by_name(twins["eval_set"].unique())))
+    cost = final[(final["eval_kind"] == "cost") & final["trial_id"].isin(set(twins["trial_id"]))]
+    cost = cost.assign(method=cost["method"].map(calibrated_variant))
+    return pd.concat([final[~calibrated], twins, cost], ignore_index=True)
 
 
 def decision_task_datasets(trials: pd.DataFrame) -> set[str]:
@@ -217,6 +243,8 @@ def cell_counts(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     (every planned final trial finished ok)."""
     planned = trials[(trials["phase"] == "final") & (trials["task"] == "classification")]
     with_results = final_metrics(metrics, trials)[["method", "model", "dataset"]].drop_duplicates()
+    calibrated = planned[planned["method"].map(calibrated_variant).isin(set(with_results["method"]))]
+    planned = pd.concat([planned, calibrated.assign(method=calibrated["method"].map(calibrated_variant))])
     table = pd.DataFrame(
         {
             "cells": with_results.groupby("method").size(),

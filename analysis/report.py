@@ -37,6 +37,7 @@ TEST_METRICS = (
     ("misclass_aupr_entropy", "misclassification-detection AUPR, entropy score"),
     ("misclass_auroc_mi", "misclassification-detection AUROC, mutual-information score"),
     ("decision_cost", "decision task: mean cost per test example (lower is better)"),
+    ("validation_temperature", "temperature scaling: T fitted on the held-out validation split (calibrated variants)"),
 )
 COST_METRICS = (
     ("s_per_sample", "training seconds per posterior sample"),

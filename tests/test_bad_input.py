@@ -164,6 +164,11 @@ GRID_FILES: dict[str, tuple[Callable[[], str | bytes], str, str]] = {
         "expected a positive number, got inf",
     ),
     "description not text": (lambda: grid_text(description=[1, 2]), "description: ", "expected a string"),
+    "unknown calibration": (
+        lambda: grid_text(methods=[{"name": "sgd", "calibrate": "isotonic"}]),
+        "methods[0].calibrate: ",
+        "expected one of temperature, got 'isotonic'",
+    ),
 }
 
 

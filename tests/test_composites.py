@@ -350,3 +350,44 @@ def test_fidelity_composites_read_the_test_sets_fidelity_only_and_rank_under_the
     assert scores["fidelity_agreement"].to_dict() == pytest.approx({"close": 0.95, "far": 0.8})
     assert scores["rank_fidelity"].to_dict() == {"close": 1.0, "far": 2.0}
     assert scores["mean_rank"].to_dict() == pytest.approx({"close": 1.25, "far": 1.75})  # accuracy ties at 1.5
+
+
+def test_calibrated_sets_are_a_variant_of_their_own_never_averaged_into_the_raw_method():
+    """Temperature scaling's ``SET@calibrated`` rows of method ``a`` (here its NLL set to 0.1 and its OOD
+    entropy AUROC to 0.99, every other value as raw) make the method ``a@calibrated``: its own row in the
+    composite table, with the trial's cost copied and ``a``'s cell counts, while ``a`` and ``b`` keep every
+    composite they had; in the per-cell table it is a row beside ``a``."""
+    from analysis.composites import per_cell_table
+
+    metrics, trials = _tables()
+    metrics = with_eval_kinds(metrics)
+    twins = metrics[
+        (metrics["method"] == "a")
+        & (metrics["phase"] == "final")
+        & metrics["eval_kind"].isin(("in_domain", "ood", "corruption", "adversarial"))
+        & (metrics["metric"] != "reference")
+    ]
+    twins = twins.assign(eval_set=twins["eval_set"] + "@calibrated", eval_kind="calibrated")
+    twins.loc[twins["metric"] == "nll", "value"] = 0.1
+    twins.loc[twins["metric"] == "ood_auroc_entropy", "value"] = 0.99
+    before = composite_scores(metrics, trials)
+    after = composite_scores(pd.concat([metrics, twins], ignore_index=True), trials)
+    names = [c for c in COMPOSITES if c in before.columns]
+    pd.testing.assert_frame_equal(after.loc[["a", "b"], names], before.loc[["a", "b"], names])
+    variant = after.loc["a@calibrated"]
+    assert variant["nll"] == pytest.approx(0.1) and variant["ood_auroc_entropy"] == pytest.approx(0.99)
+    for name in (
+        "accuracy",
+        "ood_auroc",
+        "adv_accuracy",
+        "corrupt_ece",
+        "decision_cost",
+        "s_per_sample",
+        "storage_bytes",
+    ):
+        assert variant[name] == pytest.approx(before.loc["a", name]), name
+    assert (variant["cells"], variant["planned_cells"], variant["complete"]) == (2, 2, True)
+    table = per_cell_table(pd.concat([metrics, twins], ignore_index=True), trials, "nll", "test")
+    assert list(table.index) == ["a", "a@calibrated", "b"]
+    assert table.loc["a@calibrated", "mlp / digits"].startswith("0.100 ± 0.000")
+    assert table.loc["a", "mlp / digits"].startswith("0.310 ± ")

@@ -28,6 +28,7 @@ TINY = {
         {"name": "sgd", "hyperparameters": {"lr": 0.05}},
         {"name": "mc_dropout", "hyperparameters": {"p": 0.3}},
         {"name": "sgd", "label": "sgd_diverging", "hyperparameters": {"lr": 1.0e6, "momentum": 0.99}},
+        {"name": "mc_dropout", "label": "mc_dropout_ts", "calibrate": "temperature", "hyperparameters": {"p": 0.3}},
     ],
     "models": [{"name": "mlp", "options": {"widths": [32]}}],
     "datasets": [{"name": "digits", "ood": ["noise", "digits_inverted"]}, "digits_imbalanced"],
@@ -73,12 +74,12 @@ def test_failing_trials_are_recorded_and_the_rest_completes(tiny_run, capsys):
     code, results = tiny_run
     assert code == 1  # some trials failed
     trials = pd.read_parquet(results / "trials.parquet")
-    assert len(trials) == 3 * 2 * 2
+    assert len(trials) == 4 * 2 * 2
     failed = trials[trials["status"] == "failed"]
     assert set(failed["method"]) == {"sgd_diverging"}
     assert failed["error"].str.contains("FloatingPointError").all()
-    assert (trials.loc[trials["status"] == "ok", "method"].isin(["sgd", "mc_dropout"])).all()
-    assert (trials["status"] == "ok").sum() == 8
+    assert (trials.loc[trials["status"] == "ok", "method"].isin(["sgd", "mc_dropout", "mc_dropout_ts"])).all()
+    assert (trials["status"] == "ok").sum() == 12
 
 
 def test_trials_parquet_contract(tiny_run):
@@ -147,7 +148,9 @@ def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
     _, results = tiny_run
     metrics = pd.read_parquet(results / "metrics.parquet")
     reported = metrics[metrics["eval_set"] != "cost"]
-    assert set(reported["method"]) == {"sgd", "mc_dropout"}
+    assert set(reported["method"]) == {"sgd", "mc_dropout", "mc_dropout_ts"}
+    assert {"test@calibrated", "noise@calibrated", "corrupt:rotate:5@calibrated", "adv:pgd_eps0.0625@calibrated",
+            "transfer:clean@calibrated"} <= set(reported["eval_set"])  # fmt: skip
     assert {
         "test@float16",
         "test@bfloat16",
@@ -163,24 +166,33 @@ def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
             for p in (results / "predictions").glob(f"{trial_id}__*.parquet")
         }
         cost = get_dataset(dataset).load({}, (), None, False, 0).cost_matrix
+        cost = None if cost is None else cost.numpy()
+        validation = saved.get("validation")  # temperature scaling's split: calibrated trials only
         recomputed = {}
         for scheme in ("", "@float16", "@bfloat16", "@int8"):  # full precision, then each bit depth
             ood = {
                 n: t
                 for n, t in saved.items()
-                if n != "test" + scheme
+                if n not in ("test" + scheme, "validation")
                 and n.endswith(scheme)
                 and ("@" in n) == bool(scheme)
                 and not n.startswith(("corrupt:", "adv:", "transfer:"))
             }
-            again = metrics_from_predictions(saved["test" + scheme], ood, None if cost is None else cost.numpy())
+            again = metrics_from_predictions(saved["test" + scheme], ood, cost, None if scheme else validation)
             recomputed.update({name + (scheme if name == "test" else ""): v for name, v in again.items()})
         for name in (n for n in saved if n.startswith("corrupt:")):  # labelled copies of the test set
-            recomputed[name] = metrics_from_predictions(saved[name], {}, None if cost is None else cost.numpy())["test"]
+            again = metrics_from_predictions(saved[name], {}, cost, validation)
+            recomputed[name] = again["test"]
+            if validation is not None:
+                recomputed[f"{name}@calibrated"] = again["test@calibrated"]
+        temperature = recomputed.get("test@calibrated", {}).get("validation_temperature")
         for kind in ("adv:", "transfer:"):
             adversarial = {n[len(kind) :]: t for n, t in saved.items() if n.startswith(kind)}
             if adversarial:
                 recomputed.update({f"{kind}{n}": v for n, v in metrics_from_adversarial_tables(adversarial).items()})
+            if adversarial and temperature is not None:
+                again = metrics_from_adversarial_tables(adversarial, temperature)
+                recomputed.update({f"{kind}{n}@calibrated": v for n, v in again.items()})
         for row in rows[rows["metric"] != "reference"].itertuples():  # reference: a flag the trial sets
             again = recomputed[row.eval_set][row.metric]
             assert again == row.value or (math.isnan(again) and math.isnan(row.value)), (trial_id, row)
@@ -242,10 +254,14 @@ def test_prediction_seconds_are_per_evaluated_example(tiny_run):
     trials = pd.read_parquet(results / "trials.parquet").set_index("trial_id")
     metrics = pd.read_parquet(results / "metrics.parquet")
     per_example = metrics[metrics["metric"] == "predict_s_per_example"].set_index("trial_id")["value"]
-    # digits: test, noise, digits_inverted, and 2 corruptions × 2 severities of 200; the decision task: test
+    # digits: test, noise, digits_inverted, and 2 corruptions × 2 severities of 200; the decision task: test;
+    # a calibrated trial also its validation split, ⌈0.1 n⌉ of the training set
     n_examples = {"digits": 360 * 3 + 4 * 200, "digits_imbalanced": 360}
+    n_validation = {"digits": 144, "digits_imbalanced": 118}
     for trial_id, value in per_example.items():
-        expected = trials.loc[trial_id, "eval_s"] / n_examples[trials.loc[trial_id, "dataset"]]
+        dataset = trials.loc[trial_id, "dataset"]
+        calibrated = trials.loc[trial_id, "method"] == "mc_dropout_ts"
+        expected = trials.loc[trial_id, "eval_s"] / (n_examples[dataset] + calibrated * n_validation[dataset])
         assert value == pytest.approx(expected, rel=1e-9)
 
 
@@ -257,7 +273,7 @@ def test_first_trial_of_each_worker_records_its_warm_up(tiny_run):
     trials = pd.read_parquet(results / "trials.parquet")
     # a Ray Tune trial is one worker process's run from one start: the two seeds of a cell share it
     tune_trials = trials.groupby(["worker_pid", "started_at"]).ngroups
-    assert tune_trials == 3 * 2  # 3 methods × 2 datasets, each cell's 2 seeds batched into one trial
+    assert tune_trials == 4 * 2  # 4 methods × 2 datasets, each cell's 2 seeds batched into one trial
     processes = trials["worker_pid"].nunique()
     # one CPU per trial on a 2-CPU Ray: worker processes are reused across trials (without reuse every trial
     # would start a process of its own, and warm up again: 6 processes).  Not always two: while the trials
@@ -275,6 +291,35 @@ def test_first_trial_of_each_worker_records_its_warm_up(tiny_run):
     assert (trials.drop(first_of_method.index)["worker_setup_s"] == 0).all()
 
 
+def test_temperature_scaling_reports_calibrated_sets_and_its_temperature(tiny_run):
+    """The entry with ``calibrate: temperature`` reports every set twice, raw and ``@calibrated``, and records
+    the temperature fitted on its validation split in method_stats (the same value as its
+    ``test@calibrated`` row) and the fit's seconds; the entries without it report no calibrated set."""
+    _, results = tiny_run
+    trials = pd.read_parquet(results / "trials.parquet")
+    metrics = pd.read_parquet(results / "metrics.parquet")
+    calibrated = metrics["eval_kind"] == "calibrated"
+    assert set(metrics.loc[calibrated, "method"]) == {"mc_dropout_ts"}
+    ok = trials[(trials["status"] == "ok") & (trials["method"] == "mc_dropout_ts")]
+    assert len(ok) == 4
+    for row in ok.itertuples():
+        stats = json.loads(row.method_stats)
+        assert stats["temperature_fit_s"] > 0
+        mine = metrics[metrics["trial_id"] == row.trial_id]
+        raw = set(
+            mine.loc[mine["eval_kind"].isin(("in_domain", "ood", "corruption", "adversarial", "transfer")), "eval_set"]
+        )
+        assert set(mine.loc[mine["eval_kind"] == "calibrated", "eval_set"]) == {f"{s}@calibrated" for s in raw}
+        fitted = mine[(mine["eval_set"] == "test@calibrated") & (mine["metric"] == "validation_temperature")]
+        assert fitted["value"].tolist() == [stats["validation_temperature"]]
+        test = mine[mine["eval_set"].isin(("test", "test@calibrated"))].pivot(
+            index="metric", columns="eval_set", values="value"
+        )
+        assert test.loc["accuracy", "test"] == test.loc["accuracy", "test@calibrated"]  # tempering keeps the argmax
+    for row in trials[(trials["status"] == "ok") & (trials["method"] != "mc_dropout_ts")].itertuples():
+        assert "validation_temperature" not in json.loads(row.method_stats)
+
+
 def test_report_writes_markdown(tiny_run, capsys):
     _, results = tiny_run
     assert main(["report", str(results)]) == 0
@@ -288,6 +333,11 @@ def test_report_writes_markdown(tiny_run, capsys):
     for title in ("### calibrated NLL", "### adaptive expected calibration error", "### excess area under the risk"):
         assert title in report, title
     assert re.search(r"### OOD detection vs \S+: ood_fpr95_mi", report)
+    # temperature scaling's variant is a method of its own, ranked beside the raw one
+    composite = report.split("## Composite scores")[1].split("\n## ")[0]
+    assert "| mc_dropout_ts@calibrated |" in composite and "| mc_dropout_ts |" in composite
+    fitted = report.split("### temperature scaling: T fitted")[1].split("\n### ")[0]
+    assert "| mc_dropout_ts@calibrated |" in fitted and "| mc_dropout |" not in fitted
 
 
 def test_resume_reruns_only_missing_trials(ray_session, tmp_path):

@@ -3,6 +3,7 @@ outside the grammar is refused, and the module stays a pure naming module (no to
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -31,11 +32,32 @@ def test_each_builder_parses_back_to_its_kind_and_parts():
     assert [eval_kind(n) for n in ("test", "validation", "cost", "noise")] == ["in_domain", "validation", "cost", "ood"]
 
 
+@pytest.mark.parametrize("raw", ["test", "noise", "corrupt:rotate:3", "adv:pgd_eps0.0625", "transfer:clean"])
+def test_a_calibrated_set_is_a_kind_of_its_own_that_keeps_its_raw_sets_parts(raw):
+    """``SET@calibrated`` is never of ``SET``'s kind (no table of that kind may average it in) and names it."""
+    got = parse(eval_sets.calibrated(raw))
+    assert (got.name, got.kind, got.raw) == (f"{raw}@calibrated", "calibrated", raw)
+    assert dataclasses.replace(got, name=raw, kind=parse(raw).kind, raw=None) == parse(raw)
+
+
+def test_an_attack_sets_crafted_name_builds_it_back():
+    for crafted in ("clean", eval_sets.attack_set("pgd", 1 / 16), eval_sets.attack_set("fgsm", 8 / 255)):
+        for build in (eval_sets.adversarial, eval_sets.transfer):
+            assert eval_sets.crafted_set(build(crafted)) == crafted
+    with pytest.raises(UnknownEvalSet, match="not an adv: or transfer: set"):
+        eval_sets.crafted_set("corrupt:rotate:3")
+
+
 @pytest.mark.parametrize(
     "name",
     [
         "calibration:test",  # a new kind's prefix, not registered
-        "test@calibrated",  # a suffix that is no bit depth
+        "test@float8",  # a suffix that is no bit depth
+        "noise@int8@calibrated",  # temperature scaling's twin of a kind that has none
+        "cost@calibrated",
+        "validation@calibrated",
+        "fidelity:test@calibrated",
+        "test@calibrated@calibrated",
         "adv:cw_eps0.1",  # an unknown attack
         "adv:pgd_epsx",
         "corrupt:gaussian_noise",  # no severity

@@ -146,6 +146,15 @@ BAD = [
         variant(methods=[{"name": "sgd", "model_hyperparameters": {"vit": {"lr": 0.1}}}]),
         "methods[0].model_hyperparameters.vit: not among the grid's models: mlp",
     ),
+    (
+        variant(methods=["sgd", {"name": "sgd", "label": "sgd_ts", "calibrate": "platt"}]),
+        "methods[1].calibrate: expected one of temperature, got 'platt'",
+    ),
+    (
+        variant(methods=[{"name": "sgd", "calibrate": "temperature"}], datasets=["digits", {"name": "e1"}]),
+        "methods[0].calibrate: temperature scaling applies to classification datasets only, not the regression "
+        "dataset 'e1'",
+    ),
 ]
 
 
@@ -226,6 +235,30 @@ def test_resources_do_not_change_trial_ids():
     specs = parse_grid(raw, "g.yaml").trial_specs()
     assert [s.trial_id for s in specs] == [s.trial_id for s in plain]
     assert {s.resources["gpu"] for s in specs} == {0.5, 1}
+
+
+def test_a_calibrated_entry_is_another_variant_whose_final_trials_alone_calibrate():
+    """``calibrate: temperature`` beside the same method without it: two labels, two sets of trial ids (the key
+    enters the id, so adding it to an entry reruns its trials), the key on the calibrated entry's final specs
+    only (its search trials and the cell's reference do not hold out a split), and the other entry's ids as
+    they were without the calibrated one."""
+    from ursa_ray.reference import reference_spec
+
+    raw = variant(methods=["sgd", {"name": "sgd", "label": "sgd_ts", "calibrate": "temperature"}])
+    specs = parse_grid(raw, "g.yaml").trial_specs()
+    by_label = {label: [s for s in specs if s.label == label] for label in ("sgd", "sgd_ts")}
+    assert {s.calibrate for s in by_label["sgd"]} == {None} and {s.calibrate for s in by_label["sgd_ts"]} == {
+        "temperature"
+    }
+    assert len({s.trial_id for s in specs}) == len(specs) == 4
+    plain = parse_grid(variant(methods=["sgd"]), "g.yaml").trial_specs()
+    assert [s.trial_id for s in by_label["sgd"]] == [s.trial_id for s in plain]
+    relabelled = variant(methods=[{"name": "sgd", "label": "sgd_ts"}])
+    uncalibrated = parse_grid(relabelled, "g.yaml").trial_specs()  # same label, no key: other ids
+    assert not {s.trial_id for s in uncalibrated} & {s.trial_id for s in by_label["sgd_ts"]}
+    searched = parse_grid(dict(raw, search={"n_trials": 2}), "g.yaml").trial_specs("search")
+    assert {s.calibrate for s in searched} == {None}
+    assert reference_spec(by_label["sgd_ts"][0], {}).calibrate is None
 
 
 @pytest.mark.parametrize("raw, message", BAD, ids=[m.split(":")[0] for _, m in BAD])

@@ -27,6 +27,7 @@ from ursa_ray.evaluation import (
     risk_coverage_curve,
     selective_prediction,
 )
+from ursa_ray.evaluation.metrics import TemperedPredictive, fit_temperature
 
 PROBS = np.array([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]])
 LABELS = np.array([0, 2])
@@ -346,3 +347,66 @@ def test_ood_detection_aupr_in_and_out_and_fpr95_by_each_score() -> None:
         assert out[f"ood_fpr95_{name}"] == fpr_at_95_tpr(is_ood, score)
     assert out["ood_aupr_in_entropy"] != out["ood_aupr_out_entropy"]
     assert len(out) == 8
+
+
+def test_fit_temperature_is_the_minimiser_of_the_validation_nll() -> None:
+    """Temperature scaling's T on a hand case (n = 8, K = 3, over-confident), against scipy's bounded Brent
+    search on T itself and a dense grid over T (both independent of the fit's search on log T), on the NLL
+    −(1/n) Σ log softmax(z_i / T)[y_i] of z = log(0.9999 p + 1e-4/3) computed here from first principles."""
+    from scipy.optimize import minimize_scalar
+
+    probs = np.array(
+        [[0.98, 0.01, 0.01], [0.97, 0.02, 0.01], [0.05, 0.90, 0.05], [0.02, 0.96, 0.02],
+         [0.90, 0.05, 0.05], [0.01, 0.01, 0.98], [0.95, 0.04, 0.01], [0.10, 0.10, 0.80]]
+    )  # fmt: skip
+    labels = np.array([0, 1, 1, 0, 2, 2, 0, 1])  # four of eight wrong, three of them at confidence ≥ 0.9
+
+    def validation_nll(t: float) -> float:
+        z = np.log(0.9999 * probs + 1e-4 / 3) / t
+        return float(-np.mean(z[np.arange(8), labels] - np.log(np.exp(z).sum(1))))
+
+    fitted = fit_temperature(probs, labels)
+    brent = minimize_scalar(validation_nll, bounds=(0.05, 50.0), method="bounded", options={"xatol": 1e-8}).x
+    grid = np.linspace(0.5, 20.0, 195_001)  # spacing 1e-4
+    assert fitted == pytest.approx(brent, abs=1e-4)
+    assert fitted == pytest.approx(grid[np.argmin([validation_nll(t) for t in grid])], abs=2e-4)
+    assert fitted > 1  # confident and often wrong: the fit softens it
+
+
+def test_an_over_confident_predictive_gets_a_temperature_above_one_and_a_lower_held_out_nll() -> None:
+    """Labels drawn from softmax(f), the predictive softmax(3 f): over-confident.  T fitted on a validation half
+    is about 3 (> 1) and the tempered predictive's NLL on the other half is lower than the raw one's, near
+    the true model's; an under-confident one (softmax(f / 2)) gets T < 1."""
+    probs, labels = _tempered_case(4_000, 1 / 3, seed=21)
+    validation, test = slice(0, 2_000), slice(2_000, None)
+    temperature = fit_temperature(probs[validation], labels[validation])
+    assert temperature == pytest.approx(3.0, rel=0.1)
+    summary = ClassificationPredictive(2_000, 5)
+    summary.update(torch.from_numpy(np.log(probs[test])))
+    tempered = TemperedPredictive(summary, temperature)
+    raw_nll, calibrated = nll(summary.mean_probs, labels[test]), nll(tempered.mean_probs, labels[test])
+    truth, _ = _tempered_case(4_000, 1.0, seed=21)
+    assert calibrated < raw_nll - 0.1
+    assert calibrated == pytest.approx(nll(truth[test], labels[test]), rel=0.03)
+    under, under_labels = _tempered_case(2_000, 2.0, seed=22)
+    assert fit_temperature(under, under_labels) < 1
+
+
+def test_a_tempered_predictive_keeps_the_ranking_and_the_mutual_information() -> None:
+    """p_T = softmax(z / T) of z = log(0.9999 p̄ + 1e-4/K): at T = 1 the smoothed p̄; at any T the same argmax,
+    its own entropy, and the untempered mutual information (tempering p̄ leaves the samples' spread)."""
+    rng = np.random.default_rng(3)
+    pred = ClassificationPredictive(50, 4)
+    for _ in range(3):
+        pred.update(torch.from_numpy(rng.normal(size=(50, 4)) * 2))
+    np.testing.assert_allclose(
+        TemperedPredictive(pred, 1.0).mean_probs, 0.9999 * pred.mean_probs + 1e-4 / 4, rtol=1e-12
+    )
+    for t in (0.3, 2.5):
+        tempered = TemperedPredictive(pred, t)
+        np.testing.assert_allclose(tempered.mean_probs.sum(1), 1.0, rtol=1e-12)
+        assert (tempered.mean_probs.argmax(1) == pred.mean_probs.argmax(1)).all()
+        expected = -(tempered.mean_probs * np.log(tempered.mean_probs)).sum(1)
+        np.testing.assert_allclose(tempered.total_entropy, expected, rtol=1e-12)
+        assert np.array_equal(tempered.mutual_information, pred.mutual_information)
+    assert TemperedPredictive(pred, 2.5).total_entropy.mean() > pred.total_entropy.mean()  # T > 1 softens

@@ -94,3 +94,47 @@ def test_a_probe_naming_an_unknown_set_fails_its_own_trial(final_spec, monkeypat
     monkeypatch.setattr(ursa_ray.evaluation.probes, "PROBES", (*registered, lambda context: [_MisnamedProbe(context)]))
     with pytest.raises(UnknownEvalSet, match="shifted"):
         run_trial(final_spec)
+
+
+def test_a_calibrating_trial_holds_out_its_split_and_reports_every_set_twice(final_spec):
+    """``calibrate: temperature``: the trial trains on 90% of the training set, the validation split is
+    observed by the calibration probe alone (never at a lower bit depth, never as an in-domain set), every
+    test, OOD, corruption and attack set gets its ``@calibrated`` twin (bit depths none), T and the fit's
+    seconds are in method_stats (the seconds inside eval_s), and the saved tables give the same calibrated
+    metrics bit for bit.  The same entry without the key: whole training set, no twin, no T."""
+    import dataclasses
+    import json
+    import math
+
+    from ursa_ray.evaluation.adversarial import metrics_from_adversarial_tables
+    from ursa_ray.evaluation.predictions import metrics_from_predictions
+    from ursa_ray.evaluation.probes.calibration import ValidationProbe
+
+    spec = dataclasses.replace(final_spec, calibrate="temperature")
+    run = TrialRun(spec)
+    assert run.problem.n_train == 1437 - 144 and TrialRun(final_spec).problem.n_train == 1437
+    assert [p.names for p in run.probes if isinstance(p, ValidationProbe)] == [["validation"]]
+    assert "validation" not in run.trial.full_precision_sets
+    outcome = run_trial(spec)
+    sets = {row["eval_set"] for row in outcome.metrics}
+    raw = {s for s in sets if s != "cost" and "@" not in s}
+    assert "validation" not in sets and {"test", "corrupt:gaussian_noise:3", "adv:clean"} <= raw
+    assert {s for s in sets if s.endswith("@calibrated")} == {f"{s}@calibrated" for s in raw}
+    stats = json.loads(outcome.record["method_stats"])
+    assert 0 < stats["temperature_fit_s"] < outcome.record["eval_s"]
+    values = {(r["eval_set"], r["metric"]): r["value"] for r in outcome.metrics}
+    assert values["test@calibrated", "validation_temperature"] == stats["validation_temperature"]
+    saved = outcome.predictions
+    cost = None if run.ds.cost_matrix is None else run.ds.cost_matrix.numpy()
+    again = metrics_from_predictions(saved["test"], {}, cost, saved["validation"])["test@calibrated"]
+    again_attacked = metrics_from_adversarial_tables(
+        {n.partition(":")[2]: t for n, t in saved.items() if n.startswith("adv:")}, stats["validation_temperature"]
+    )
+    for (name, metric), value in values.items():
+        if name == "test@calibrated":
+            assert again[metric] == value or (math.isnan(value) and math.isnan(again[metric])), metric
+        if name.startswith("adv:") and name.endswith("@calibrated"):
+            assert again_attacked[name[4 : -len("@calibrated")]][metric] == value, (name, metric)
+    plain = run_trial(final_spec)
+    assert not {r["eval_set"] for r in plain.metrics if "calibrated" in r["eval_set"]}
+    assert "validation_temperature" not in json.loads(plain.record["method_stats"])

@@ -17,7 +17,14 @@ kind            name                               the set
 ``fidelity``    ``fidelity:SET``                   ``test`` or an OOD set, against the reference
 ``reference``   ``reference:SET``                  the reference posterior's own noise floor
 ``members``     ``members:M``                      the test set under an ensemble's first M members
+``calibrated``  ``SET@calibrated``                 ``SET`` (the test set, an OOD, corruption, ``adv:`` or
+                                                   ``transfer:`` set) under the posterior predictive
+                                                   tempered by the trial's fitted temperature
 ==============  =================================  ==================================================
+
+A ``@calibrated`` set has a kind of its own, so that no table or composite of the raw set's kind ever
+averages it in with the raw values: the report shows it as its own variant of the method
+(``analysis.composites.final_metrics``).
 
 A name outside this grammar (an unknown ``PREFIX:``, an unknown ``@SCHEME``, a reserved name used as an OOD
 set) is refused with :class:`UnknownEvalSet`: a new kind of set must be added here, so that it never counts
@@ -29,6 +36,7 @@ Pure naming: this module imports nothing heavy, so that ``analysis/`` (which rea
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,11 +44,11 @@ from typing import Literal
 
 EvalKind = Literal[
     "in_domain", "validation", "cost", "ood", "bit_depth", "corruption", "adversarial", "transfer", "fidelity",
-    "reference", "members",
+    "reference", "members", "calibrated",
 ]  # fmt: skip
 KINDS: tuple[EvalKind, ...] = (
     "in_domain", "validation", "cost", "ood", "bit_depth", "corruption", "adversarial", "transfer", "fidelity",
-    "reference", "members",
+    "reference", "members", "calibrated",
 )  # fmt: skip
 
 TEST = "test"
@@ -51,6 +59,10 @@ CLEAN = "clean"
 BIT_DEPTH_SCHEMES = ("float16", "bfloat16", "int8")
 """The ``@SCHEME`` suffixes: :data:`ursa_ray.evaluation.test_time_cost.QUANTISATION_SCHEMES` (a test keeps
 the two equal; that module imports torch)."""
+CALIBRATED = "calibrated"
+"""The suffix of a set under the temperature-scaled predictive (``SET@calibrated``)."""
+CALIBRATED_KINDS: tuple[EvalKind, ...] = ("in_domain", "ood", "corruption", "adversarial", "transfer")
+"""The kinds of set that have a ``@calibrated`` twin."""
 ATTACKS = ("fgsm", "pgd")
 """The attacks of ``adv:`` and ``transfer:`` sets (:data:`ursa_ray.evaluation.adversarial.ATTACKS`)."""
 
@@ -93,6 +105,9 @@ class EvalSet:
     """The attack's ε in pixel units; 0 for the clean examples."""
     n_members: int | None = None
     """The ensemble members behind the predictive (``members``)."""
+    raw: str | None = None
+    """For a ``calibrated`` set, the name of the set it is the tempered twin of (the other fields are that
+    set's: ``base``, ``corruption``, ``attack``, ...); None otherwise."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -139,6 +154,21 @@ def members(n_members: int) -> str:
     return _checked(f"members:{n_members}")
 
 
+def calibrated(raw: str) -> str:
+    """``SET@calibrated``: the set ``raw`` (a kind of :data:`CALIBRATED_KINDS`) under the posterior predictive
+    tempered by the temperature fitted on the trial's validation split (``calibrate: temperature``)."""
+    return _checked(f"{raw}@{CALIBRATED}")
+
+
+def crafted_set(name: str) -> str:
+    """The crafted set an ``adv:`` or ``transfer:`` name scores (:func:`attack_set`'s name, or ``clean``):
+    what :func:`adversarial` and :func:`transfer` were built from."""
+    parsed = parse(name)
+    if parsed.kind not in ("adversarial", "transfer"):
+        raise UnknownEvalSet(name, "not an adv: or transfer: set")
+    return CLEAN if parsed.attack is None else attack_set(parsed.attack, float(parsed.epsilon or 0.0))
+
+
 def _checked(name: str) -> str:
     parse(name)
     return name
@@ -152,6 +182,8 @@ def parse(name: str) -> EvalSet:
     """The kind and parts of ``name``; :class:`UnknownEvalSet` for a name outside the grammar."""
     if not isinstance(name, str) or not name:
         raise UnknownEvalSet(str(name), "expected a non-empty string")
+    if name.endswith(f"@{CALIBRATED}"):
+        return _parse_calibrated(name)
     prefix, colon, rest = name.partition(":")
     if colon:
         if prefix not in _PREFIX_KINDS:
@@ -180,6 +212,16 @@ def kinds_by_name(names: Iterable[str]) -> dict[str, EvalKind]:
 def is_ood_name(name: str) -> bool:
     """Whether ``name`` may name a dataset's OOD set: a plain name that no other kind reserves."""
     return bool(name) and ":" not in name and "@" not in name and name not in RESERVED_NAMES
+
+
+def _parse_calibrated(name: str) -> EvalSet:
+    raw = name[: -len(f"@{CALIBRATED}")]
+    parsed = parse(raw)
+    if parsed.kind not in CALIBRATED_KINDS:
+        raise UnknownEvalSet(
+            name, f"{raw!r} is a {parsed.kind} set; calibrated twins exist of {', '.join(CALIBRATED_KINDS)} sets"
+        )
+    return dataclasses.replace(parsed, name=name, kind="calibrated", raw=raw)
 
 
 def _parse_prefixed(name: str, kind: EvalKind, rest: str) -> EvalSet:

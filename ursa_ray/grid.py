@@ -101,7 +101,11 @@ METHOD_KEYS = (
     "search",
     "vectorize_seeds",
     "resources",
+    "calibrate",
 )
+CALIBRATIONS = ("temperature",)
+"""The values of a method entry's ``calibrate``: post-hoc temperature scaling (Guo et al. 2017) on a held-out
+validation split (:mod:`ursa_ray.evaluation.probes.calibration`)."""
 MODEL_KEYS = ("name", "options", "resources")
 DATASET_KEYS = ("name", "ood", "complexity", "options", "file")
 RESOURCE_KEYS = ("cpu", "gpu", "custom")
@@ -126,6 +130,8 @@ class MethodEntry:
     """This entry's own ``vectorize_seeds`` (None: the grid's)."""
     resources: dict[str, Any] = field(default_factory=dict)
     """The resource keys this entry gives itself (``cpu``, ``gpu``, ``custom``; see :meth:`Grid.resources_for`)."""
+    calibrate: str | None = None
+    """The entry's post-hoc calibration (:data:`CALIBRATIONS`); None: none."""
 
     def pairs_with(self, model: str, dataset: str) -> bool:
         """Whether this method runs on (model, dataset), given its optional restrictions."""
@@ -317,6 +323,7 @@ class Grid:
                 self.search.validation_fraction if phase == "search" and self.search is not None else None
             ),
             reference=block.settings if block is not None and phase == "final" and task == "classification" else None,
+            calibrate=m.calibrate if phase == "final" else None,
         )
         return dataclasses.replace(spec, trial_id=trial_id(spec))
 
@@ -431,16 +438,19 @@ def cell_key(cell: dict[str, Any]) -> str:
 def trial_id(spec: TrialSpec) -> str:
     """Deterministic id: the same trial in a rerun of the same grid gets the same id (this makes resume work).
     It hashes everything a result depends on: phase, method, model and dataset with their options, OOD sets,
-    seed, configuration, and for a dataset read from files its ``file`` block with the sha256 of the files'
-    content (so changed data is a new trial, and a new grid for :func:`ursa_ray.guard.grid_fingerprint`), but
-    not the files' paths (moving the project keeps a results directory resumable); and the settings of the
-    cell's reference, which its fidelity rows depend on (a file's sha256, not its path; not the store's ``dir``)."""
+    seed, configuration, the entry's ``calibrate``, and for a dataset read from files its ``file`` block with
+    the sha256 of the files' content (so changed data is a new trial, and a new grid for
+    :func:`ursa_ray.guard.grid_fingerprint`), but not the files' paths (moving the project keeps a results
+    directory resumable); and the settings of the cell's reference, which its fidelity rows depend on (a
+    file's sha256, not its path; not the store's ``dir``)."""
     identity = {
         k: getattr(spec, k)
         for k in ("phase", "method", "model", "model_options", "dataset", "dataset_options", "ood", "seed", "config")
     }
     if spec.precision is not None:  # a grid without the key keeps its trials' ids
         identity["precision"] = spec.precision
+    if spec.calibrate is not None:  # trains on less data: another result (and an entry without it keeps its id)
+        identity["calibrate"] = spec.calibrate
     if spec.dataset_file is not None:
         identity["dataset_file"] = {k: v for k, v in spec.dataset_file.items() if k not in ("path", "ood")}
     if spec.reference is not None:  # a grid without a reference keeps its trials' ids
@@ -846,8 +856,11 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
         if vectorize is not None:
             _int(path, f"{where}.vectorize_seeds", vectorize, 1)
         own = _resources(path, f"{where}.resources", item.get("resources"))
+        calibrate = item.get("calibrate")
+        if calibrate is not None and calibrate not in CALIBRATIONS:
+            raise _fail(path, f"{where}.calibrate", f"expected one of {', '.join(CALIBRATIONS)}, got {calibrate!r}")
         method_entries.append(
-            MethodEntry(item["name"], label, only, hyper, space, per_model, only_data, vectorize, own)
+            MethodEntry(item["name"], label, only, hyper, space, per_model, only_data, vectorize, own, calibrate)
         )
     labels = [m.label for m in method_entries]
     duplicates = sorted({lab for lab in labels if labels.count(lab) > 1})
@@ -913,12 +926,20 @@ def parse_grid(raw: Any, path: str = "<grid>") -> Grid:
     for i, m in enumerate(method_entries):
         tasks = methods.get_method(m.name).tasks  # None: every task
         for d in dataset_entries:
-            if tasks is not None and d.task not in tasks and any(m.pairs_with(mo.name, d.name) for mo in model_entries):
+            paired = any(m.pairs_with(mo.name, d.name) for mo in model_entries)
+            if tasks is not None and d.task not in tasks and paired:
                 raise _fail(
                     path,
                     f"methods[{i}]",
                     f"method {m.label!r} supports {' and '.join(tasks)} datasets only, not the {d.task} dataset "
                     f"{d.name!r}; restrict it with 'datasets:'",
+                )
+            if m.calibrate is not None and d.task != "classification" and paired:
+                raise _fail(
+                    path,
+                    f"methods[{i}].calibrate",
+                    f"temperature scaling applies to classification datasets only, not the {d.task} dataset "
+                    f"{d.name!r}; restrict the method with 'datasets:'",
                 )
         _check_constraints(path, i, m, model_names, budget)
     if search is not None:

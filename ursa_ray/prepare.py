@@ -23,6 +23,9 @@ from ursa_ray.spec import TrialSpec
 EvalSets = dict[str, tuple[Tensor, Tensor | None]]
 """Evaluation sets by name: inputs on the trial's device, targets on the CPU (None for an OOD set)."""
 
+CALIBRATION_FRACTION = 0.1
+"""The share of the training set a trial with ``calibrate: temperature`` holds out to fit its temperature on."""
+
 RANDOM_STREAMS = ("init", "data", "split", "corruption", "transfer_init", "transfer_data", "attack")
 
 
@@ -145,11 +148,17 @@ class PreparedTrial:
 def split_sets(spec: TrialSpec, ds: data.base.Dataset) -> tuple[Tensor, Tensor, EvalSets]:
     """(training inputs, targets, evaluation sets): the search phase trains on the training set less a
     seeded validation split and evaluates on that split; any other phase trains on the whole training set
-    and evaluates on the test set and the OOD sets."""
-    if spec.phase != "search":
-        return ds.train_x, ds.train_y, {"test": (ds.test_x, ds.test_y)} | {n: (x, None) for n, x in ds.ood.items()}
-    fit, val = validation_split(len(ds.train_y), spec.validation_fraction, spec.seed)
-    return ds.train_x[fit], ds.train_y[fit], {"validation": (ds.train_x[val], ds.train_y[val])}
+    and evaluates on the test set and the OOD sets, except a trial with ``calibrate`` (temperature scaling),
+    which trains on the training set less a seeded validation split of :data:`CALIBRATION_FRACTION` (the
+    same ``split`` stream as the search's) and evaluates on that split too (``validation``, last)."""
+    if spec.phase == "search":
+        fit, val = validation_split(len(ds.train_y), spec.validation_fraction, spec.seed)
+        return ds.train_x[fit], ds.train_y[fit], {"validation": (ds.train_x[val], ds.train_y[val])}
+    sets: EvalSets = {"test": (ds.test_x, ds.test_y)} | {n: (x, None) for n, x in ds.ood.items()}
+    if spec.calibrate is None:
+        return ds.train_x, ds.train_y, sets
+    fit, val = validation_split(len(ds.train_y), CALIBRATION_FRACTION, spec.seed)
+    return ds.train_x[fit], ds.train_y[fit], sets | {"validation": (ds.train_x[val], ds.train_y[val])}
 
 
 def prepare(spec: TrialSpec, device: torch.device | None = None, own_init: bool = False) -> PreparedTrial:
@@ -167,7 +176,7 @@ def prepare(spec: TrialSpec, device: torch.device | None = None, own_init: bool 
     root = data.base.data_root(spec.data_root)
     ds = dataset_spec.load(spec.dataset_options, spec.ood, root, spec.download, spec.seed)
     train_x, train_y, eval_sets = split_sets(spec, ds)
-    full_precision_sets = list(eval_sets)
+    full_precision_sets = [name for name in eval_sets if name != "validation"]  # the test and OOD sets
     train_x, train_y = train_x.to(device), train_y.to(device)
     eval_sets = {k: (x.to(device), y) for k, (x, y) in eval_sets.items()}
     robustness = spec.phase == "final" and ds.task == "classification" and not spec.decision_task

@@ -147,7 +147,8 @@ def data_digest(ds: Dataset) -> str:
 
 def reference_spec(spec: TrialSpec, settings: Mapping[str, Any]) -> TrialSpec:
     """The trial spec of a cell's reference, from any final spec of the cell: method ``hmc`` with
-    :func:`hmc_config`, phase ``reference``, the reference's own seed, nothing saved or attacked."""
+    :func:`hmc_config`, phase ``reference``, the reference's own seed, nothing saved, attacked or calibrated (the
+    reference conditions on the whole training set)."""
     merged = {**SETTINGS_DEFAULTS, **settings}
     return dataclasses.replace(
         spec,
@@ -158,6 +159,7 @@ def reference_spec(spec: TrialSpec, settings: Mapping[str, Any]) -> TrialSpec:
         config=hmc_config(settings),
         save_predictions=False,
         bit_depths=(),
+        calibrate=None,
         transfer_source=False,
         transfer_examples=None,
     )

@@ -84,6 +84,10 @@ class TrialSpec:
     """The settings of the grid's ``reference`` block serving this cell (:class:`ursa_ray.grid.ReferenceBlock`:
     a computed reference's, with an optional ``dir``; or ``file`` and ``sha256``), on a final classification
     trial's spec (and its reference's); else None."""
+    calibrate: str | None = None
+    """The method entry's post-hoc calibration, ``temperature`` (:data:`ursa_ray.grid.CALIBRATIONS`), on a final
+    classification trial's spec: the trial holds out a validation split of its training set and reports its
+    sets tempered by the temperature fitted there (``SET@calibrated``) beside the raw ones; else None."""
     reference_from: str | None = None
     """The id of the cell's reference trial, which runs first; None without a reference."""
     transfer_source: bool = False

@@ -28,7 +28,8 @@ from ursa_ray.evaluation import (
     classification_metrics,
     fidelity,
 )
-from ursa_ray.evaluation.probes import make_probes
+from ursa_ray.evaluation.predictions import SavedPredictive, validation_temperature
+from ursa_ray.evaluation.probes import calibration, make_probes
 from ursa_ray.evaluation.probes.adversarial import TransferProbe
 from ursa_ray.evaluation.probes.base import ProbeContext, predict
 from ursa_ray.evaluation.probes.in_domain import in_domain_metrics
@@ -206,13 +207,34 @@ class TrialRun:
                 values[eval_sets.fidelity(eval_sets.TEST)] = _anchor_fidelity(ds, self.accumulators["test"], anchor)
         if "validation" in values:
             outcome.selection = {f"val_{k}": float(v) for k, v in values["validation"].items()}
+        saving = spec.save_predictions and spec.phase == "final" and ds.task == "classification"
+        tables = self.prediction_tables() if saving or spec.calibrate else {}
+        if spec.calibrate:
+            values.update(self.calibrated(tables))
         values["cost"] = self.cost(n_samples)
         outcome.metrics = metric_rows(spec, values)
-        if spec.save_predictions and spec.phase == "final" and ds.task == "classification":
-            outcome.predictions = {name: table for probe in self.probes for name, table in probe.rows().items()}
+        if saving:
+            outcome.predictions = tables
         # the trial whose examples the transfer sets are (the source's own id for itself)
         outcome.record = self.record(n_samples, transfer.source if transfer and transfer.attacked.n_kept else "")
         return outcome
+
+    def prediction_tables(self) -> dict[str, pd.DataFrame]:
+        """Every probe's prediction tables by set name (after :meth:`Probe.compute`: the attacks' exist then)."""
+        return {name: table for probe in self.probes for name, table in probe.rows().items()}
+
+    def calibrated(self, tables: Mapping[str, pd.DataFrame]) -> dict[str, dict[str, float]]:
+        """Temperature scaling: T fitted on the validation split's predictive (its seconds charged to the
+        validation probe's eval clock and, with T, recorded in ``method_stats`` as ``temperature_fit_s`` and
+        ``validation_temperature``), then every ``SET@calibrated`` (:func:`calibration.calibrated_sets`)."""
+        tick = time.perf_counter()
+        held_out = SavedPredictive(tables[eval_sets.VALIDATION])
+        temperature = validation_temperature(held_out, held_out.labels)
+        fit_s = time.perf_counter() - tick
+        next(p for p in self.probes if isinstance(p, calibration.ValidationProbe)).seconds += fit_s
+        self.stats.update(validation_temperature=temperature, temperature_fit_s=fit_s)
+        cost = None if self.ds.cost_matrix is None else self.ds.cost_matrix.numpy()
+        return calibration.calibrated_sets(tables, temperature, cost)
 
     def cost(self, n_samples: int) -> dict[str, float]:
         """The ``cost`` metrics: training and prediction time, size, and the test-time cost of the posterior

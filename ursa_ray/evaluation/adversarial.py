@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from ursa_ray import data
 from ursa_ray.data.base import AttackBudget
 from ursa_ray.eval_sets import ATTACKS, attack_set
-from ursa_ray.evaluation.metrics import ClassificationSummary, accuracy, ood_detection
+from ursa_ray.evaluation.metrics import ClassificationSummary, TemperedPredictive, accuracy, ood_detection
 from ursa_ray.evaluation.predictions import SavedPredictive, prediction_table
 from ursa_ray.evaluation.predictive import ClassificationPredictive
 from ursa_ray.methods.base import memory_order, view_as_parameter
@@ -683,8 +683,15 @@ class AdversarialPredictives:
         return out
 
 
-def metrics_from_adversarial_tables(tables: Mapping[str, pd.DataFrame]) -> dict[str, dict[str, float]]:
-    """:meth:`AdversarialPredictives.metrics` recomputed from its saved :meth:`~AdversarialPredictives.tables`."""
-    summaries = {name: SavedPredictive(table) for name, table in tables.items()}
+def metrics_from_adversarial_tables(
+    tables: Mapping[str, pd.DataFrame], temperature: float | None = None
+) -> dict[str, dict[str, float]]:
+    """:meth:`AdversarialPredictives.metrics` recomputed from its saved :meth:`~AdversarialPredictives.tables`;
+    with a ``temperature``, the same metrics with every set's predictive (the clean examples' too) tempered by
+    it (:class:`~ursa_ray.evaluation.metrics.TemperedPredictive`: temperature scaling's ``@calibrated`` sets)."""
+    saved = {name: SavedPredictive(table) for name, table in tables.items()}
+    summaries: Mapping[str, ClassificationSummary] = saved
+    if temperature is not None:
+        summaries = {name: TemperedPredictive(pred, temperature) for name, pred in saved.items()}
     epsilons = {name: float(table["epsilon"].iloc[0]) for name, table in tables.items() if name != "clean"}
-    return _all_metrics(summaries, summaries["clean"].labels, epsilons)
+    return _all_metrics(summaries, saved["clean"].labels, epsilons)

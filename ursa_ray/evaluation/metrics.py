@@ -190,6 +190,36 @@ def optimal_temperature(log_probs: np.ndarray, labels: np.ndarray) -> float:
     return float(np.exp(found.x))
 
 
+def smoothed_log_probs(probs: ArrayLike, smoothing: float = 1e-4) -> np.ndarray:
+    """z_ik = log((1 − ε) p̄_ik + ε/K): the log of the posterior predictive, smoothed as in :func:`nll` (finite
+    where p̄_ik = 0); what both temperature fits temper (:func:`calibrated_nll`, :func:`fit_temperature`)."""
+    p = np.ascontiguousarray(_to_numpy(probs), dtype=np.float64)
+    return np.log((1.0 - smoothing) * p + smoothing / p.shape[1])
+
+
+def fit_temperature(probs: ArrayLike, labels: ArrayLike) -> float:
+    """Post-hoc temperature scaling's T (Guo et al. 2017) in the form of Ashukha et al. 2020 (§3.5): the
+    T minimising the NLL −(1/n) Σ_i log softmax(z_i / T)[y_i] of the tempered log posterior predictive
+    z = :func:`smoothed_log_probs` on a held-out split (:func:`optimal_temperature`)."""
+    p, y = _checked(probs, labels)
+    return optimal_temperature(smoothed_log_probs(p), y)
+
+
+class TemperedPredictive:
+    """A posterior predictive tempered by T, with what the classification metrics read of it
+    (:class:`ClassificationSummary`): ``mean_probs`` p_T = softmax(z / T), z = :func:`smoothed_log_probs` of
+    p̄ (Ashukha et al. 2020: the ensemble's log predictive tempered, not each member's logits);
+    ``total_entropy`` H[p_T]; ``mutual_information`` the untempered predictive's, since tempering p̄ leaves
+    the samples' disagreement as it was.  p_T ranks the classes as p̄ does, so accuracy and every
+    mutual-information score are unchanged; NLL, Brier, ECE and every entropy or max-probability score move."""
+
+    def __init__(self, pred: ClassificationSummary, temperature: float) -> None:
+        z = smoothed_log_probs(pred.mean_probs)
+        self.mean_probs = np.exp(log_softmax(z / temperature, axis=1))
+        self.total_entropy = entr(self.mean_probs).sum(axis=1)
+        self.mutual_information = pred.mutual_information
+
+
 def calibrated_nll(probs: ArrayLike, labels: ArrayLike, smoothing: float = 1e-4) -> tuple[float, float]:
     """The NLL at the optimal temperature by test-time cross-validation (Ashukha et al. 2020, "Pitfalls of
     in-domain uncertainty estimation and ensembling in deep learning", §3.5): (calibrated NLL, temperature).
@@ -200,13 +230,13 @@ def calibrated_nll(probs: ArrayLike, labels: ArrayLike, smoothing: float = 1e-4)
     (each weighted by its size) and the temperature reported the geometric mean of the 2·splits fitted
     temperatures.  Tempering acts on the log of the (smoothed, as in :func:`nll`) posterior predictive,
     z_ik = log((1 − ε) p̄_ik + ε/K), p_T = softmax(z / T): at T = 1 this is exactly :func:`nll`, and it
-    is what a saved prediction table holds.  (Ashukha et al. temper each member's logits before averaging;
-    that needs the per-sample logits, which the saved predictive does not keep.)
+    is what a saved prediction table holds.  (Tempering each sample's logits before averaging would need the
+    per-sample logits, which the saved predictive does not keep.)
     """
     p, y = _checked(probs, labels)
     if len(y) < 2:
         return math.nan, math.nan  # no halves to fit on and evaluate
-    log_probs = np.log((1.0 - smoothing) * p + smoothing / p.shape[1])
+    log_probs = smoothed_log_probs(p, smoothing)
     rng = np.random.default_rng(0)
     total, temperatures = 0.0, []
     for _ in range(CALIBRATION_SPLITS):

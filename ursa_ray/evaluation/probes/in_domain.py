@@ -40,5 +40,7 @@ class LabelledSetsProbe(SetsProbe):
 
 
 def probes(context: ProbeContext) -> list[Probe]:
-    """The test set's probe, or the validation split's in the search phase."""
-    return [LabelledSetsProbe(context, [n for n in context.trial.eval_sets if n in ("test", "validation")])]
+    """The test set's probe, or the validation split's in the search phase (a final trial's validation split,
+    temperature scaling's, is the calibration probe's: :mod:`~ursa_ray.evaluation.probes.calibration`)."""
+    scored = "validation" if context.trial.spec.phase == "search" else "test"
+    return [LabelledSetsProbe(context, [n for n in context.trial.eval_sets if n == scored])]
