@@ -13,6 +13,7 @@ import ursa_ray.methods.sgmcmc
 import ursa_ray.prepare
 import ursa_ray.trial
 from ursa_ray.grid import parse_grid
+from ursa_ray.methods.base import Method
 from ursa_ray.prepare import RANDOM_STREAMS, trial_seeds
 from ursa_ray.trial import run_trial
 
@@ -32,11 +33,12 @@ def specs():
     return {s.seed: s for s in parse_grid(GRID, "streams.yaml").trial_specs()}
 
 
-class _StreamProbe:
+class _StreamProbe(Method):
     """A stand-in method that records the first draws of the global (init) stream and of the problem's
     generator (mini-batch) stream, then yields one network."""
 
     name = "sgd"
+    description = "records its streams' first draws"
     hyperparameters = ()
 
     def __init__(self) -> None:
