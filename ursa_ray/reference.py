@@ -126,7 +126,8 @@ def data_digest(ds: Dataset) -> str:
 
 def reference_spec(spec: TrialSpec, settings: Mapping[str, Any]) -> TrialSpec:
     """The trial spec of a cell's reference, from any final spec of the cell: method ``hmc`` with
-    :func:`hmc_config`, phase ``reference``, the reference's own seed, nothing saved or attacked."""
+    :func:`hmc_config`, phase ``reference``, the reference's own seed, nothing attacked; its pooled predictive
+    saved when the grid saves predictions (``save_predictions``)."""
     merged = {**SETTINGS_DEFAULTS, **settings}
     return dataclasses.replace(
         spec,
@@ -135,7 +136,7 @@ def reference_spec(spec: TrialSpec, settings: Mapping[str, Any]) -> TrialSpec:
         phase="reference",
         seed=int(merged["seed"]),
         config=hmc_config(settings),
-        save_predictions=False,
+        save_predictions=spec.save_predictions,
         bit_depths=(),
         transfer_source=False,
         transfer_examples=None,
@@ -164,8 +165,13 @@ class Reference:
             scores = fidelity.classification_fidelity(ref, accumulator.mean_probs)
         else:
             scores = fidelity.regression_fidelity(ref[:, 0], ref[:, 1], accumulator.mean, accumulator.std)
+        return {**scores, **self.checks(eval_set)}
+
+    def checks(self, eval_set: str) -> dict[str, float]:
+        """The reference's noise floor on ``eval_set`` (``noise_*``) and its convergence (``rhat_max``,
+        ``ess_bulk_min``, ``converged``), as every fidelity row of that set carries them."""
         floor = {f"noise_{k}": v for k, v in self.noise_floor.get(eval_set, {}).items()}
-        return {**scores, **floor, **self.convergence.as_metrics()}
+        return {**floor, **self.convergence.as_metrics()}
 
     def to_table(self) -> pa.Table:
         frames = []
