@@ -39,6 +39,8 @@ TINY = {
     "corruptions": {"types": ["gaussian_noise", "rotate"], "severities": [1, 5], "n_examples": 200},
     "adversarial": {"n_examples": 100, "attack_samples": 4},
 }
+TINY_REFERENCE = {"chains": 2, "n_samples": 10, "burn_in": 5, "n_leapfrog": 3}
+"""The module's tiny run has a (short, unconverged) reference per classification cell: its fidelity rows."""
 TRIAL_REQUIRED = [
     "trial_id",
     "phase",
@@ -65,7 +67,7 @@ TRIAL_REQUIRED = [
 def tiny_run(ray_session, tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
     grid_file = out.parent / "tiny.yaml"
-    grid_file.write_text(yaml.safe_dump(TINY))
+    grid_file.write_text(yaml.safe_dump({**TINY, "reference": TINY_REFERENCE}))
     code = main(["run", str(grid_file), "--out", str(out / "results")])
     return code, out / "results"
 
@@ -74,12 +76,13 @@ def test_failing_trials_are_recorded_and_the_rest_completes(tiny_run, capsys):
     code, results = tiny_run
     assert code == 1  # some trials failed
     trials = pd.read_parquet(results / "trials.parquet")
-    assert len(trials) == 4 * 2 * 2
+    assert len(trials) == 4 * 2 * 2 + 2  # and a reference trial per dataset
     failed = trials[trials["status"] == "failed"]
     assert set(failed["method"]) == {"sgd_diverging"}
     assert failed["error"].str.contains("FloatingPointError").all()
-    assert (trials.loc[trials["status"] == "ok", "method"].isin(["sgd", "mc_dropout", "mc_dropout_ts"])).all()
-    assert (trials["status"] == "ok").sum() == 12
+    ok = trials.loc[trials["status"] == "ok", "method"]
+    assert ok.isin(["sgd", "mc_dropout", "mc_dropout_ts", "reference"]).all()
+    assert (trials["status"] == "ok").sum() == 12 + 2
 
 
 def test_trials_parquet_contract(tiny_run):
@@ -88,7 +91,8 @@ def test_trials_parquet_contract(tiny_run):
     for column in TRIAL_REQUIRED:
         assert column in trials.columns, column
     ok = trials[trials["status"] == "ok"]
-    assert (ok["phase"] == "final").all()
+    assert set(ok.loc[ok["phase"] == "reference", "dataset"]) == {"digits", "digits_imbalanced"}
+    ok = ok[ok["phase"] == "final"]
     assert (ok["n_cpus"] == 1).all() and (ok["n_gpus"] == 0).all() and (ok["gpu_s"] == 0).all()
     assert (ok["wall_s"] > 0).all() and (ok["cpu_s"] > 0).all() and (ok["train_s"] > 0).all()
     assert (ok["wall_s"] >= ok["train_s"]).all()
@@ -128,7 +132,8 @@ def test_metrics_parquet_contract(tiny_run):
         f"adv:{attack}_eps{eps:.6g}" for attack in ("fgsm", "pgd") for eps in (1 / 32, 1 / 16, 1 / 8, 1 / 4)
     }
     transferred = {name.replace("adv:", "transfer:") for name in attacked}  # crafted on the seed's sgd trial
-    assert set(one["eval_set"]) == full_precision | stored | corrupted | attacked | transferred | {"cost"}
+    fidelity = {f"fidelity:{name}" for name in full_precision}  # against the cell's reference
+    assert set(one["eval_set"]) == full_precision | stored | corrupted | attacked | transferred | fidelity | {"cost"}
     ood = one[one["eval_set"] == "noise"].set_index("metric")["value"]
     assert set(ood.index) == {
         f"ood_{m}_{s}" for m in ("auroc", "fpr95", "aupr_in", "aupr_out") for s in ("entropy", "mi")
@@ -147,10 +152,22 @@ def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
 
     _, results = tiny_run
     metrics = pd.read_parquet(results / "metrics.parquet")
-    reported = metrics[metrics["eval_set"] != "cost"]
+    reported = metrics[(metrics["eval_set"] != "cost") & (metrics["phase"] == "final")]
     assert set(reported["method"]) == {"sgd", "mc_dropout", "mc_dropout_ts"}
     assert {"test@calibrated", "noise@calibrated", "corrupt:rotate:5@calibrated", "adv:pgd_eps0.0625@calibrated",
             "transfer:clean@calibrated"} <= set(reported["eval_set"])  # fmt: skip
+    assert {"fidelity:test", "fidelity:noise"} <= set(reported["eval_set"])
+    trials = pd.read_parquet(results / "trials.parquet")
+    references = trials[trials["phase"] == "reference"].set_index("dataset")["trial_id"]
+
+    def saved_tables(trial_id):
+        return {
+            p.name[len(trial_id) + 2 : -len(".parquet")]: pd.read_parquet(p)
+            for p in (results / "predictions").glob(f"{trial_id}__*.parquet")
+        }
+
+    reference_tables = {dataset: saved_tables(trial_id) for dataset, trial_id in references.items()}
+    assert set(reference_tables["digits"]) == {"test", "noise", "digits_inverted"}  # its sets, saved
     assert {
         "test@float16",
         "test@bfloat16",
@@ -161,10 +178,7 @@ def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
         "adv:clean",
     } <= set(reported["eval_set"])
     for (trial_id, dataset), rows in reported.groupby(["trial_id", "dataset"]):
-        saved = {
-            p.name[len(trial_id) + 2 : -len(".parquet")]: pd.read_parquet(p)
-            for p in (results / "predictions").glob(f"{trial_id}__*.parquet")
-        }
+        saved = saved_tables(trial_id)
         cost = get_dataset(dataset).load({}, (), None, False, 0).cost_matrix
         cost = None if cost is None else cost.numpy()
         validation = saved.get("validation")  # temperature scaling's split: calibrated trials only
@@ -178,7 +192,10 @@ def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
                 and ("@" in n) == bool(scheme)
                 and not n.startswith(("corrupt:", "adv:", "transfer:"))
             }
-            again = metrics_from_predictions(saved["test" + scheme], ood, cost, None if scheme else validation)
+            reference = None if scheme else reference_tables[dataset]  # fidelity:SET at full precision
+            again = metrics_from_predictions(
+                saved["test" + scheme], ood, cost, None if scheme else validation, reference
+            )
             recomputed.update({name + (scheme if name == "test" else ""): v for name, v in again.items()})
         for name in (n for n in saved if n.startswith("corrupt:")):  # labelled copies of the test set
             again = metrics_from_predictions(saved[name], {}, cost, validation)
@@ -273,7 +290,8 @@ def test_first_trial_of_each_worker_records_its_warm_up(tiny_run):
     trials = pd.read_parquet(results / "trials.parquet")
     # a Ray Tune trial is one worker process's run from one start: the two seeds of a cell share it
     tune_trials = trials.groupby(["worker_pid", "started_at"]).ngroups
-    assert tune_trials == 4 * 2  # 4 methods × 2 datasets, each cell's 2 seeds batched into one trial
+    # 4 methods × 2 datasets, each cell's 2 seeds batched into one trial, and a reference per dataset
+    assert tune_trials == 4 * 2 + 2
     processes = trials["worker_pid"].nunique()
     # one CPU per trial on a 2-CPU Ray: worker processes are reused across trials (without reuse every trial
     # would start a process of its own, and warm up again: 6 processes).  Not always two: while the trials

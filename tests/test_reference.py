@@ -12,7 +12,7 @@ import pytest
 
 from ursa_ray.evaluation import fidelity
 from ursa_ray.grid import parse_grid
-from ursa_ray.reference import Reference, reference_spec
+from ursa_ray.reference import Reference, read_reference, reference_spec
 from ursa_ray.regression import anchor_for_dataset
 from ursa_ray.results import Location
 from ursa_ray.trial import TrialRun, compute_reference, stored_or_computed
@@ -220,3 +220,86 @@ def test_a_run_computes_each_cells_reference_first_and_scores_every_final_trial_
     assert "noise floor TV" in section and "ref R̂ max" in section and "| sgd |" in section
     assert "![fidelity_cost](figures/fidelity_cost.png)" in section and (out / "figures" / "fidelity_cost.png").exists()
     assert "rank_fidelity" in report.split("## Composite scores")[1].split("\n## ")[0]
+
+
+DIGITS_REFERENCE = {"chains": 4, "n_samples": 60, "burn_in": 40, "n_leapfrog": 5, "prior_std": 0.5}
+"""A short reference on a small digits MLP: what a method trial is scored against in the tests below."""
+
+
+@pytest.fixture(scope="module")
+def digits_cell(tmp_path_factory):
+    """The final specs of a digits cell (MLP [16], one OOD set, light evaluation) with a reference: an HMC
+    entry with the reference's own settings, SGD, both on seed 1 (the reference's is 0); the reference
+    computed and stored first, as a run does."""
+    import dataclasses
+
+    from light_evaluation import LIGHT_EVALUATION
+
+    from ursa_ray.trial import run_reference_trial
+
+    own = {"n_chains": 4, **{k: v for k, v in DIGITS_REFERENCE.items() if k != "chains"}}
+    grid = parse_grid(
+        {
+            "name": "fidelity",
+            "methods": [{"name": "hmc", "hyperparameters": own}, {"name": "sgd", "hyperparameters": {"lr": 0.05}}],
+            "models": [{"name": "mlp", "options": {"widths": [16]}}],
+            "datasets": [{"name": "digits", "ood": ["digits_inverted"]}],
+            "seeds": [1],
+            "budget": {"epochs": 20, "batch_size": 64},
+            "reference": DIGITS_REFERENCE,
+            **LIGHT_EVALUATION,
+        }
+    )
+    store = tmp_path_factory.mktemp("fidelity") / "references"
+    specs = {s.label: dataclasses.replace(s, references_dir=str(store)) for s in grid.trial_specs("final")}
+    assert specs["hmc"].config == specs["reference"].config  # the reference's own settings
+    run_reference_trial(specs["reference"])
+    (stored,) = store.glob("*.parquet")
+    return specs, read_reference(Location.parse(stored))
+
+
+def fidelity_rows(outcome, eval_set: str = "fidelity:test") -> dict[str, float]:
+    return {row["metric"]: row["value"] for row in outcome.metrics if row["eval_set"] == eval_set}
+
+
+def test_hmc_with_the_reference_settings_and_another_seed_is_within_the_noise_floor_and_sgd_is_not(digits_cell):
+    """The noise floor compares two halves of the reference's C chains (C/2 each); an HMC trial with the
+    reference's settings and another seed is a third independent run of C chains.  With per-chain Monte Carlo
+    error of variance σ² per example, the halves differ by variance 2σ²/(C/2) = 4σ²/C and the trial and the
+    reference by σ²/C + σ²/C = 2σ²/C: the trial's TV is expected at about 1/√2 ≈ 0.71 of the floor's (TV
+    scales like the error's std).  Measured on this cell, six reference seeds against each other (30 ordered
+    pairs): 0.77 on average, 0.65 to 0.93.  Bound: TV ≤ 1.25 × the floor TV, 1.75 times the expectation, for
+    the floor's own scatter.  SGD, one point estimate, is further from the posterior than HMC, in TV and KL
+    (measured: TV 0.073 against HMC's 0.042 and the floor's 0.062; KL 0.22 against 0.034)."""
+    from ursa_ray.trial import run_trial
+
+    specs, reference = digits_cell
+    hmc, sgd = fidelity_rows(run_trial(specs["hmc"])), fidelity_rows(run_trial(specs["sgd"]))
+    floor = reference.noise_floor["test"]["total_variation"]
+    assert hmc["noise_total_variation"] == floor > 0
+    assert hmc["total_variation"] <= 1.25 * floor, (hmc["total_variation"], floor)
+    assert sgd["total_variation"] > hmc["total_variation"], (sgd["total_variation"], hmc["total_variation"])
+    assert sgd["kl"] > hmc["kl"]
+
+
+def test_a_trial_whose_predictive_is_uniform_scores_the_closed_form(digits_cell):
+    """A trial that observes one sample whose logits are all 0 (p = 1/K for every example) and goes through
+    the trial's own scoring (its probes, the stored reference found by fingerprint): TV = (1/n) Σ_i ½ ‖r_i −
+    1/K‖₁, KL = (1/n) Σ_i (log K − H[r_i]) and agreement = the share of examples whose reference argmax is
+    class 0 (uniform's ties go to the first class), r_i the reference's pooled predictive."""
+    import torch
+
+    specs, reference = digits_cell
+    run = TrialRun(specs["sgd"])
+    k = run.ds.n_outputs
+    uniform = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, k))
+    torch.nn.init.zeros_(uniform[1].weight), torch.nn.init.zeros_(uniform[1].bias)
+    run.observe(uniform)
+    outcome = run.finish()
+    for name in ("test", "digits_inverted"):
+        r = reference.pooled[name]
+        scored = fidelity_rows(outcome, f"fidelity:{name}")
+        assert scored["total_variation"] == pytest.approx(np.mean(0.5 * np.abs(r - 1 / k).sum(1)), abs=1e-14)
+        entropy = -np.sum(np.where(r > 0, r * np.log(np.where(r > 0, r, 1)), 0), axis=1)
+        assert scored["kl"] == pytest.approx(np.mean(np.log(k) - entropy), abs=1e-12)
+        assert scored["agreement"] == np.mean(r.argmax(1) == 0)

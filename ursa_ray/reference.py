@@ -147,8 +147,9 @@ def data_digest(ds: Dataset) -> str:
 
 def reference_spec(spec: TrialSpec, settings: Mapping[str, Any]) -> TrialSpec:
     """The trial spec of a cell's reference, from any final spec of the cell: method ``hmc`` with
-    :func:`hmc_config`, phase ``reference``, the reference's own seed, nothing saved, attacked or calibrated (the
-    reference conditions on the whole training set)."""
+    :func:`hmc_config`, phase ``reference``, the reference's own seed, nothing attacked or calibrated (the
+    reference conditions on the whole training set); its pooled predictive saved when the grid saves
+    predictions (``save_predictions``)."""
     merged = {**SETTINGS_DEFAULTS, **settings}
     return dataclasses.replace(
         spec,
@@ -157,7 +158,7 @@ def reference_spec(spec: TrialSpec, settings: Mapping[str, Any]) -> TrialSpec:
         phase="reference",
         seed=int(merged["seed"]),
         config=hmc_config(settings),
-        save_predictions=False,
+        save_predictions=spec.save_predictions,
         bit_depths=(),
         calibrate=None,
         transfer_source=False,
@@ -190,9 +191,14 @@ class Reference:
             scores = fidelity.classification_fidelity(ref, accumulator.mean_probs)
         else:
             scores = fidelity.regression_fidelity(ref[:, 0], ref[:, 1], accumulator.mean, accumulator.std)
+        return {**scores, **self.checks(eval_set)}
+
+    def checks(self, eval_set: str) -> dict[str, float]:
+        """The reference's noise floor on ``eval_set`` (``noise_*``) and its convergence (``rhat_max``,
+        ``ess_bulk_min``, ``converged``), as every fidelity row of that set carries them."""
         floor = {f"noise_{k}": v for k, v in self.noise_floor.get(eval_set, {}).items()}
         checks = {"reference_from_file": 1.0} if self.convergence is None else self.convergence.as_metrics()
-        return {**scores, **floor, **checks}
+        return {**floor, **checks}
 
     def to_table(self) -> pa.Table:
         frames = []

@@ -9,7 +9,7 @@ read as one table:
 - ``metrics.parquet/``: long format, one row per (trial, evaluation set, metric);
 - ``points.parquet/``: regression trials only, one row per (trial, test point), the anchor as method "blr";
 - ``predictions/<trial_id>__<eval_set>.parquet``: posterior-predictive probabilities when the grid sets
-  ``save_predictions: true``;
+  ``save_predictions: true`` (a reference trial's: its pooled predictive on the test and OOD sets);
 - ``transfer/<trial_id>.pt``: the adversarial examples a transfer source (the SGD trial of a model, dataset
   and seed) crafted, which the other trials of that model, dataset and seed are scored on;
 - ``grid.yaml``: the grid that produced the results (``grid.json``: its fingerprint, ``grid-versions/``: every

@@ -28,7 +28,7 @@ from ursa_ray.evaluation import (
     classification_metrics,
     fidelity,
 )
-from ursa_ray.evaluation.predictions import SavedPredictive, validation_temperature
+from ursa_ray.evaluation.predictions import SavedPredictive, reference_prediction_table, validation_temperature
 from ursa_ray.evaluation.probes import calibration, make_probes
 from ursa_ray.evaluation.probes.adversarial import TransferProbe
 from ursa_ray.evaluation.probes.base import ProbeContext, predict
@@ -353,7 +353,8 @@ def run_reference_trial(spec: TrialSpec, device: torch.device | None = None) -> 
     reused from ``spec.references_dir`` or computed and stored there (:func:`stored_or_computed`); metric rows
     ``reference:SET`` (its noise floor ``noise_*``, ``rhat_max``, ``ess_bulk_min``, ``converged``) and ``cost``
     (``computed``: 1 when this trial ran the chains, 0 when it reused them; the stored run's cost either way)."""
-    ref, computed = stored_or_computed(spec, spec.reference, Location.parse(spec.references_dir), device)
+    run = TrialRun(reference.reference_spec(spec, spec.reference), device)
+    ref, computed = _stored_or_computed(run, spec, spec.reference, Location.parse(spec.references_dir))
     values = {
         f"reference:{name}": {**{f"noise_{k}": v for k, v in floor.items()}, **ref.convergence.as_metrics()}
         for name, floor in ref.noise_floor.items()
@@ -366,6 +367,8 @@ def run_reference_trial(spec: TrialSpec, device: torch.device | None = None) -> 
         for eval_set, table in values.items()
         for metric, value in table.items()
     ]
+    if spec.save_predictions and ref.task == "classification":
+        outcome.predictions = _reference_predictions(ref, run)
     spent = ref.cost if computed else {}
     outcome.record = {
         "n_samples": int(ref.cost.get("n_samples", 0)),
@@ -506,7 +509,13 @@ def stored_or_computed(
 ) -> tuple[reference.Reference, bool]:
     """The cell's reference from the ``references`` folder when one with its fingerprint is stored there, else
     computed and stored (atomically); the second value says whether it was computed."""
-    run = TrialRun(reference.reference_spec(spec, settings), device)
+    return _stored_or_computed(TrialRun(reference.reference_spec(spec, settings), device), spec, settings, references)
+
+
+def _stored_or_computed(
+    run: TrialRun, spec: TrialSpec, settings: Mapping[str, Any], references: Location
+) -> tuple[reference.Reference, bool]:
+    """:func:`stored_or_computed` with the reference's :class:`TrialRun` (its data) made by the caller."""
     where = reference.reference_location(
         references, reference.fingerprint(spec, settings, reference.data_digest(run.ds))
     )
@@ -515,3 +524,17 @@ def stored_or_computed(
     computed = _run_reference(run, spec, settings)
     where.write_parquet(computed.to_table())
     return computed, True
+
+
+def _reference_predictions(ref: reference.Reference, run: TrialRun) -> dict[str, pd.DataFrame]:
+    """The reference's pooled predictive on every set it covers, saved like a method's
+    (:func:`~ursa_ray.evaluation.predictions.reference_prediction_table`: the test set with its labels, an OOD
+    set with none, the reference's checks on the set as columns)."""
+    n_samples = int(ref.cost.get("n_samples", 0))
+    tables = {}
+    for name, probs in ref.pooled.items():
+        labels = run.eval_sets[name][1]
+        tables[name] = reference_prediction_table(
+            probs, None if labels is None else labels.cpu().numpy(), n_samples, ref.checks(name)
+        )
+    return tables

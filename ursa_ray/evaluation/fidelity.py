@@ -50,7 +50,10 @@ ESS_MIN = 100.0
 
 
 def _check(reference: np.ndarray, method: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    p, q = np.asarray(reference, dtype=np.float64), np.asarray(method, dtype=np.float64)
+    """Both as C-ordered float64 arrays: numpy's sums round by memory layout, and a table read back from
+    Parquet is column-ordered where a trial's accumulator is row-ordered; one layout makes the metrics
+    recomputed from saved tables equal the trial's to the last bit."""
+    p, q = np.ascontiguousarray(reference, dtype=np.float64), np.ascontiguousarray(method, dtype=np.float64)
     if p.shape != q.shape or p.ndim != 2:
         raise ValueError(f"need two (n, K) arrays of the same shape, got {p.shape} and {q.shape}")
     return p, q

@@ -7,6 +7,10 @@ probabilities ``p0 … p{K−1}`` and the three uncertainties the metrics use (`
 exactly these float64 columns, so :func:`metrics_from_predictions` reproduces every reported
 classification metric to the last bit, the ``@calibrated`` sets of temperature scaling included (from the
 saved ``validation`` table, which a trial with ``calibrate: temperature`` writes beside the others).
+
+A reference trial (docs/fidelity.md) saves its pooled predictive on each set it covers in the same layout
+(:func:`reference_prediction_table`), with the reference's checks on that set as constant columns, so that
+the ``fidelity:SET`` rows of every method trial of its cell are recomputable from the two trials' tables.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
+from scipy.special import entr
 
 from ursa_ray import eval_sets
+from ursa_ray.evaluation.fidelity import classification_fidelity
 from ursa_ray.evaluation.metrics import (
     ClassificationSummary,
     TemperedPredictive,
@@ -81,15 +87,50 @@ def calibrated_metrics(
     return out
 
 
+REFERENCE_CHECKS = ("noise_agreement", "noise_total_variation", "noise_kl", "rhat_max", "ess_bulk_min", "converged")
+"""The reference's checks on a set, the constant columns of its saved table (:meth:`ursa_ray.reference.Reference.metrics`)."""
+
+
+def reference_prediction_table(
+    probs: np.ndarray, labels: np.ndarray | None, n_samples: int, checks: Mapping[str, float]
+) -> pd.DataFrame:
+    """The saved form of a reference's pooled predictive ``probs`` (n, K) on one set: the layout of
+    :func:`prediction_table` with ``total_entropy`` H[p̄] from ``probs`` and ``expected_entropy`` and
+    ``mutual_information`` NaN (a stored reference keeps its pooled probabilities, not its draws), plus
+    ``checks`` (its noise floor and convergence on that set, :data:`REFERENCE_CHECKS`) as constant columns."""
+    probs = np.asarray(probs, dtype=np.float64)
+    table = pd.DataFrame(probs, columns=[f"p{k}" for k in range(probs.shape[1])])
+    table.insert(0, "label", -1 if labels is None else np.asarray(labels))
+    table.insert(0, "index", np.arange(len(table)))
+    table["total_entropy"] = entr(probs).sum(1)
+    table["expected_entropy"] = np.nan
+    table["mutual_information"] = np.nan
+    table["n_samples"] = int(n_samples)
+    for name in REFERENCE_CHECKS:
+        if name in checks:
+            table[name] = float(checks[name])
+    return table
+
+
+def fidelity_from_predictions(method: pd.DataFrame, reference: pd.DataFrame) -> dict[str, float]:
+    """A method's ``fidelity:SET`` row from its saved table and its reference's on the same set: agreement,
+    total variation and KL (:func:`~ursa_ray.evaluation.fidelity.classification_fidelity`) and the
+    reference's checks, where its table has them."""
+    scores = classification_fidelity(SavedPredictive(reference).mean_probs, SavedPredictive(method).mean_probs)
+    return {**scores, **{name: float(reference[name].iloc[0]) for name in REFERENCE_CHECKS if name in reference}}
+
+
 def metrics_from_predictions(
     test: pd.DataFrame,
     ood: Mapping[str, pd.DataFrame] | None = None,
     cost_matrix: np.ndarray | None = None,
     validation: pd.DataFrame | None = None,
+    reference: Mapping[str, pd.DataFrame] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Every classification metric of one trial from its saved tables: ``{"test": {...}, ood_set: {...}}``,
-    and, given the ``validation`` table, the temperature fitted on it and the ``@calibrated`` sets
-    (:func:`calibrated_metrics`)."""
+    """Every classification metric of one trial from its saved tables: ``{"test": {...}, ood_set: {...}}``;
+    given the ``validation`` table, the temperature fitted on it and the ``@calibrated`` sets
+    (:func:`calibrated_metrics`); given ``reference`` (its cell's reference trial's saved tables by set name),
+    ``fidelity:SET`` (:func:`fidelity_from_predictions`) on every set both have."""
     in_domain = SavedPredictive(test)
     out = {"test": classification_metrics(in_domain, in_domain.labels, cost_matrix)}
     saved_ood = {name: SavedPredictive(table) for name, table in (ood or {}).items()}
@@ -99,4 +140,8 @@ def metrics_from_predictions(
         held_out = SavedPredictive(validation)
         temperature = validation_temperature(held_out, held_out.labels)
         out.update(calibrated_metrics(in_domain, in_domain.labels, saved_ood, temperature, cost_matrix))
+    own = {eval_sets.TEST: test, **(ood or {})}
+    for name, table in (reference or {}).items():
+        if name in own:
+            out[eval_sets.fidelity(name)] = fidelity_from_predictions(own[name], table)
     return out

@@ -46,8 +46,10 @@ class RunSummary:
 
     @property
     def incomplete(self) -> int:
-        """Trials that did not finish: final trials planned but not recorded, and interrupted search trials."""
-        return self.planned - self.skipped - self.recorded["final"] + self.unfinished_search
+        """Trials that did not finish: final-phase trials (a grid's reference trials among them) planned but
+        not recorded, and interrupted search trials."""
+        finished = self.recorded["final"] + self.recorded.get("reference", 0)
+        return self.planned - self.skipped - finished + self.unfinished_search
 
 
 class ResultsCallback(tune.Callback):
