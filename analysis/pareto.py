@@ -82,7 +82,7 @@ def pareto_fronts(scores: pd.DataFrame) -> pd.DataFrame:
 
 
 def draw_front(ax: plt.Axes, cost: pd.Series, quality: pd.Series, higher_is_better: bool, title: str) -> None:
-    """One panel: ``cost`` (log x-axis) against ``quality``, one labelled point per method (both indexed by
+    """One panel: ``cost`` (log x-axis where every cost is positive) against ``quality``, one labelled point per method (both indexed by
     method), the Pareto-optimal ones filled and joined by the front as a step line (extended to the costliest
     method); a lower-is-better quality is drawn with the y-axis inverted, so up and left is better.  Methods
     without both values are named under the panel."""
@@ -107,12 +107,13 @@ def draw_front(ax: plt.Axes, cost: pd.Series, quality: pd.Series, higher_is_bett
                 ha="left" if side == 1 else "right",
                 color="C0" if method in front else "dimgrey",
             )
-    ax.set_xscale("log")
+    if not points.empty and (points["cost"] > 0).all():  # a log axis needs positive costs
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no crowded labels
     ax.margins(x=0.15, y=0.1)  # room for the labels of the outermost points
     if not higher_is_better:
         ax.invert_yaxis()
     ax.set_title(title, fontsize=8)
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no crowded labels
     ax.tick_params(labelsize=6)
     lacking = sorted((set(cost.index) | set(quality.index)) - set(points.index))
     if lacking:

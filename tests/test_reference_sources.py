@@ -247,7 +247,7 @@ def test_a_reference_from_file_scores_as_the_computed_one_it_was_written_from(tm
     trials = pd.DataFrame([{"trial_id": spec.trial_id, "phase": "final", "status": "ok", "task": "classification",
                             "method": "sgd", "model": "mlp", "dataset": "digits", "seed": 0}])  # fmt: skip
     metrics = pd.DataFrame(rows).assign(eval_kind="fidelity")
-    text = fidelity_markdown(metrics, trials)
+    text, _ = fidelity_markdown(metrics, trials, tmp_path / "figures")
     assert "Reference from file: no convergence check" in text and "R̂ max" not in text and "Warning" not in text
     assert not math.isnan(float(text.split("| sgd |")[1].split("|")[0]))
 
