@@ -18,6 +18,7 @@ from analysis.calibration_figures import calibration_section
 from analysis.composites import COMPOSITES, better_direction, composite_coverage, per_cell_table, with_eval_kinds
 from analysis.corruption_shift import corruption_rows, corruption_table, corruption_values, plot_corruption_shift
 from analysis.dee import dee_markdown
+from analysis.regression_calibration import regression_calibration_section
 from analysis.fidelity import anchor_fidelity_markdown, fidelity_markdown
 from analysis.intervals import interval_text
 from analysis.pareto import pareto_markdown
@@ -254,6 +255,11 @@ def _write_report(
         anchor_text = anchor_fidelity_markdown(metrics, trials, alpha)
         if anchor_text:
             sections += ["", "## Fidelity to the exact posterior (regression)", "", anchor_text, ""]
+        scores_text, calibration_figures = regression_calibration_section(metrics, trials, figures_dir, alpha)
+        if scores_text:
+            figures += calibration_figures
+            sections += ["", "## Proper scores and calibration curves (regression)", "", scores_text, ""]
+            sections += [f"![{p.stem}](figures/{p.name})" for p in calibration_figures]
 
     from analysis.cost import cost_markdown
 
