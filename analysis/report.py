@@ -18,10 +18,10 @@ from analysis.calibration_figures import calibration_section
 from analysis.composites import COMPOSITES, better_direction, composite_coverage, per_cell_table, with_eval_kinds
 from analysis.corruption_shift import corruption_rows, corruption_table, corruption_values, plot_corruption_shift
 from analysis.dee import dee_markdown
-from analysis.regression_calibration import regression_calibration_section
 from analysis.fidelity import anchor_fidelity_markdown, fidelity_markdown
 from analysis.intervals import interval_text
 from analysis.pareto import pareto_markdown
+from analysis.regression_calibration import regression_calibration_section
 from analysis.statistics import ranked_composites, statistics_markdown
 from analysis.tables import load_results, markdown_table
 from ursa_ray.results import Location, is_uri
