@@ -59,16 +59,19 @@ def test_the_driver_uses_a_checked_grid_without_importing_torch(tmp_path):
     assert "torch imported: False" in out
 
 
-def test_ursa_ray_run_drives_tune_without_importing_torch(tmp_path):
+def test_ursa_ray_run_drives_tune_without_importing_torch(ray_session, tmp_path):
     """A whole ``ursa-ray run`` of a one-trial grid, then the driver's modules: the trial ran (in a Ray
-    worker, which imports torch), the driver did not import it."""
+    worker, which imports torch), the driver did not import it.  The driver joins the session's Ray
+    (``--address``, as on a cluster): starting a Ray of its own imports no torch either, and costs seconds."""
     (tmp_path / "g.yaml").write_text(GRID)
+    address = ray_session.get_runtime_context().gcs_address
     out = run_fresh(
         f"""
         import sys
         from ursa_ray.cli import main
 
-        status = main(["run", {str(tmp_path / "g.yaml")!r}, "--out", {str(tmp_path / "out")!r}, "--progress", "log"])
+        argv = ["run", {str(tmp_path / "g.yaml")!r}, "--out", {str(tmp_path / "out")!r}, "--progress", "log"]
+        status = main(argv + ["--address", {address!r}])
         print("status:", status, "torch imported:", "torch" in sys.modules)
         """,
         timeout=900,

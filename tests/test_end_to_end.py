@@ -382,7 +382,9 @@ def test_resume_reruns_only_missing_trials(ray_session, tmp_path):
 
 
 def test_ctrl_c_then_rerun_completes_every_trial_exactly_once(tmp_path):
+    # what trials score is the other tests' claim: light evaluation keeps this one about the interrupt
     grid = dict(TINY, methods=TINY["methods"][:2], datasets=["digits"], seeds=[0, 1, 2], save_predictions=False)
+    grid |= LIGHT_EVALUATION
     grid["budget"] = {"epochs": 40, "n_samples": 4, "batch_size": 64}
     grid_file = tmp_path / "interrupt.yaml"
     grid_file.write_text(yaml.safe_dump(grid))
