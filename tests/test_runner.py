@@ -198,3 +198,25 @@ def test_the_spec_table_gives_back_each_group_and_reaches_workers_out_of_band():
     assert len(header) < 1000 and sum(memoryview(b).nbytes for b in buffers) >= sum(map(len, packed))
     again = pickle.loads(header, buffers=buffers)
     assert again[4321] == packed[4321]
+
+
+def test_cells_without_a_reference_run_beside_it_rather_than_behind_a_waiting_trial(tmp_path):
+    """The reference goes first; the cell it serves waits for it, but the cells it does not serve are handed
+    out meanwhile (the queue hands groups out in order, so a waiting group ranked before them would hold
+    them back and leave the other CPUs idle for the reference's whole run)."""
+    raw = {
+        "name": "r",
+        "methods": ["sgd", "mc_dropout"],
+        "models": [{"name": "mlp", "options": {"widths": [8]}}],
+        "datasets": ["digits", "digits_imbalanced"],
+        "seeds": 1,
+        "reference": [{"datasets": ["digits"], "chains": 2, "n_samples": 4, "burn_in": 2}],
+    }
+    queue = SpecQueue(seed_groups(parse_grid(raw, "r.yaml").trial_specs()), str(tmp_path))
+    reference = _specs(queue, queue.suggest("t0"))[0]
+    assert reference.phase == "reference"
+    free = [_specs(queue, queue.suggest(f"t{i}"))[0] for i in (1, 2)]
+    assert {(s.method, s.dataset) for s in free} == {("sgd", "digits_imbalanced"), ("mc_dropout", "digits_imbalanced")}
+    assert queue.suggest("t3") is None  # the digits cell waits for its reference
+    queue.on_trial_complete("t0")
+    assert [_specs(queue, queue.suggest("t3"))[0].dataset] == ["digits"]

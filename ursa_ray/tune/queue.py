@@ -48,7 +48,9 @@ class SpecQueue(Searcher):
     a 6,800-trial grid starts).  This is linear.
 
     Reference trials (phase ``reference``) go before everything, and a trial of their cell
-    (``reference_from``) waits for its reference as a transfer attack's trial waits for its source; each
+    (``reference_from``) waits for its reference as a transfer attack's trial waits for its source, so the
+    trials of cells without a reference are handed out before any that wait (they run beside the references
+    rather than behind the first waiting trial, which the queue hands out in order); each
     spec with computed ``reference`` settings gets ``references_dir``: the block's ``dir`` (a store shared between
     results directories), else the ``references/`` folder of ``results_uri``.  A reference from file has no trial.
     The transfer attack's order: transfer sources (``transfer_source``) go first, trials that need none
@@ -62,10 +64,11 @@ class SpecQueue(Searcher):
     def __init__(self, groups: list[list[TrialSpec]], results_uri: str):
         super().__init__()
 
-        def rank(group: list[TrialSpec]) -> int:
+        def rank(group: list[TrialSpec]) -> tuple[int, int]:
             if group[0].phase == "reference":
-                return -1
-            return 0 if group[0].transfer_source else 2 if group[0].transfer_from is not None else 1
+                return -1, 0
+            waits = int(group[0].reference_from is not None)  # behind every trial that needs no reference
+            return waits, 0 if group[0].transfer_source else 2 if group[0].transfer_from is not None else 1
 
         self._groups = sorted(groups, key=rank)
         self.spec_table = SpecTable([pack(group) for group in self._groups])
