@@ -101,7 +101,7 @@ def anchor_fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame, alpha:
     """Regression cells against their exact anchor: per experiment, a table of (complexity, method, model)
     rows with the mean W₂ over all test points, the in-distribution and the out-of-distribution ones, each
     ``mean [1 − alpha interval over repetitions] n`` (Student's t); empty string when no trial has them."""
-    from analysis.intervals import cell_intervals, interval_pivot
+    from analysis.intervals import experiment_tables
 
     rows = final_metrics(metrics, trials, task="regression")
     rows = rows[(rows["eval_kind"] == "fidelity") & rows["metric"].isin(ANCHOR_COLUMNS)]
@@ -109,17 +109,12 @@ def anchor_fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame, alpha:
         return ""
     complexity = trials.set_index("trial_id")["complexity"]
     rows = rows.assign(complexity=rows["trial_id"].map(complexity).fillna(float("nan")))
-    keys = ["dataset", "complexity", "method", "model", "metric"]
-    table = interval_pivot(cell_intervals(rows, keys, alpha), keys[:-1], "metric")
-    parts = [
+    legend = (
         "W₂ between each method's Gaussian predictive of the noise-free output and the exact anchor's (the "
         "cell's true posterior predictive), per test point, averaged over all points, those inside the training "
         f"region and those outside; mean [{1 - alpha:.0%} interval over repetitions] n."
-    ]
-    for dataset, cell in table.groupby(level="dataset"):
-        shown = cell.droplevel("dataset")[[c for c in ANCHOR_COLUMNS if c in cell.columns]].fillna("-")
-        parts += [f"### {dataset}", markdown_table(shown)]
-    return "\n\n".join(parts)
+    )
+    return "\n\n".join([legend, *experiment_tables(rows, "metric", ANCHOR_COLUMNS, alpha)])
 
 
 def fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame, figures_dir: Path) -> tuple[str, list[Path]]:

@@ -26,6 +26,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from analysis.tables import markdown_table
+
 INTERVALS = ("t", "bootstrap")
 BOOTSTRAP_RESAMPLES = 9_999
 
@@ -128,3 +130,16 @@ def interval_pivot(table: pd.DataFrame, index: list[str], column: str) -> pd.Dat
         ]
     )
     return text.pivot(index=index, columns=column, values="text")
+
+
+def experiment_tables(rows: pd.DataFrame, column: str, shown: tuple[str, ...], alpha: float = 0.05) -> list[str]:
+    """Regression ``rows`` (one per trial and value of ``column``, with a ``complexity`` column) as one table per
+    experiment (dataset): a ``### dataset`` heading, then (complexity, method, model) rows by the ``shown``
+    values of ``column`` present, each ``mean [1 − alpha interval over repetitions] n`` (:func:`cell_intervals`)."""
+    keys = ["dataset", "complexity", "method", "model", column]
+    table = interval_pivot(cell_intervals(rows, keys, alpha), keys[:-1], column)
+    parts = []
+    for dataset, cell in table.groupby(level="dataset"):
+        columns = [c for c in shown if c in cell.columns]
+        parts += [f"### {dataset}", markdown_table(cell.droplevel("dataset")[columns].fillna("-"))]
+    return parts

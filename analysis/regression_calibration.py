@@ -18,7 +18,6 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.composites import final_metrics
-from analysis.tables import markdown_table
 from ursa_ray.eval_sets import TEST
 
 SCORES = ("crps", "miscalibration_area", "sharpness", "interval_score_95")
@@ -41,23 +40,18 @@ def regression_rows(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame
 
 def scores_markdown(rows: pd.DataFrame, alpha: float = 0.05) -> str:
     """Per experiment, the table of :data:`SCORES`; empty string when no trial has them."""
-    from analysis.intervals import cell_intervals, interval_pivot
+    from analysis.intervals import experiment_tables
 
     rows = rows[rows["score"].isin(SCORES)].assign(complexity=lambda r: r["complexity"].fillna(-1.0))
     if rows.empty:
         return ""
-    keys = ["dataset", "complexity", "method", "model", "score"]
-    table = interval_pivot(cell_intervals(rows, keys, alpha), keys[:-1], "score")
-    parts = [
+    legend = (
         "Proper scores and calibration of each method's Gaussian predictive on the test set (against the "
         "noise-free truth on synthetic experiments): CRPS, the miscalibration area of the central-interval "
         "calibration curve, sharpness (RMS predictive std) and the 95% interval score; lower is better for all "
         f"but sharpness; mean [{1 - alpha:.0%} interval over repetitions] n (docs/metrics.md)."
-    ]
-    for dataset, cell in table.groupby(level="dataset"):
-        shown = cell.droplevel("dataset")[[s for s in SCORES if s in cell.columns]].fillna("-")
-        parts += [f"### {dataset}", markdown_table(shown)]
-    return "\n\n".join(parts)
+    )
+    return "\n\n".join([legend, *experiment_tables(rows, "score", SCORES, alpha)])
 
 
 def calibration_curves(rows: pd.DataFrame) -> pd.DataFrame:
