@@ -45,7 +45,7 @@ CHAINS = {"n_samples": 20, "burn_in": 10, "n_leapfrog": 10, "prior_std": 0.1}
 def quickstart_sgd_spec() -> TrialSpec:
     """The quickstart's final SGD trial on its digits cell (seed 0), as the grid makes it."""
     raw = yaml.safe_load(QUICKSTART.read_text())
-    raw["methods"] = [{**m, "datasets": ["digits"]} for m in raw["methods"] if m["name"] == "sgd"]
+    raw["methods"] = [{**m, "datasets": ["digits"]} for m in raw["methods"] if m.get("label", m["name"]) == "sgd"]
     raw["datasets"] = [d for d in raw["datasets"] if isinstance(d, dict) and d["name"] == "digits"]
     raw["seeds"] = [0]
     grid = parse_grid(raw, str(QUICKSTART))

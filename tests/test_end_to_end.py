@@ -158,7 +158,8 @@ def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
             "transfer:clean@calibrated"} <= set(reported["eval_set"])  # fmt: skip
     assert {"fidelity:test", "fidelity:noise"} <= set(reported["eval_set"])
     trials = pd.read_parquet(results / "trials.parquet")
-    references = trials[trials["phase"] == "reference"].set_index("dataset")["trial_id"]
+    references = trials.loc[trials["phase"] == "reference", "trial_id"]
+    scored_by = trials.set_index("trial_id")["reference_from"]  # what scored each trial's fidelity rows
 
     def saved_tables(trial_id):
         return {
@@ -166,8 +167,9 @@ def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
             for p in (results / "predictions").glob(f"{trial_id}__*.parquet")
         }
 
-    reference_tables = {dataset: saved_tables(trial_id) for dataset, trial_id in references.items()}
-    assert set(reference_tables["digits"]) == {"test", "noise", "digits_inverted"}  # its sets, saved
+    reference_tables = {trial_id: saved_tables(trial_id) for trial_id in references}
+    digits_reference = trials.loc[(trials["phase"] == "reference") & (trials["dataset"] == "digits"), "trial_id"]
+    assert set(reference_tables[digits_reference.item()]) == {"test", "noise", "digits_inverted"}  # its sets, saved
     assert {
         "test@float16",
         "test@bfloat16",
@@ -192,7 +194,7 @@ def test_saved_predictions_reproduce_every_metric_of_every_trial(tiny_run):
                 and ("@" in n) == bool(scheme)
                 and not n.startswith(("corrupt:", "adv:", "transfer:"))
             }
-            reference = None if scheme else reference_tables[dataset]  # fidelity:SET at full precision
+            reference = None if scheme else reference_tables[scored_by[trial_id]]  # fidelity:SET at full precision
             again = metrics_from_predictions(
                 saved["test" + scheme], ood, cost, None if scheme else validation, reference
             )

@@ -202,6 +202,7 @@ def test_a_run_computes_each_cells_reference_first_and_scores_every_final_trial_
     assert len(ref) == 1 and ref.status.iloc[0] == "ok" and ref.train_s.iloc[0] > 0
     sgd = trials[trials.phase == "final"]
     assert ref.finished_at.iloc[0] <= sgd.started_at.iloc[0] + 1e-6  # the reference first, its dependants after
+    assert list(sgd.reference_from) == list(ref.trial_id) and list(ref.reference_from) == [""]  # what scored it
     assert len(list((out / "references").glob("*.parquet"))) == 1
     metrics = pd.read_parquet(out / "metrics.parquet")
     scored = metrics[(metrics.phase == "final") & metrics.eval_set.str.startswith("fidelity:")]

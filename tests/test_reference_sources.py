@@ -225,9 +225,12 @@ def test_a_reference_from_file_scores_as_the_computed_one_it_was_written_from(tm
     def fidelity_rows(reference: dict, references_dir: str | None) -> dict:
         outcome = run_trial(dataclasses.replace(spec, reference=reference, references_dir=references_dir))
         rows = [m for m in outcome.metrics if m["eval_set"].startswith("fidelity:")]
+        scored_by.append(outcome.record["reference_from"])
         return {(m["eval_set"], m["metric"]): m["value"] for m in rows}, rows
 
+    scored_by: list[str] = []
     against_computed, _ = fidelity_rows(spec.reference, store.uri)
+    assert spec.reference_from and scored_by == [spec.reference_from]  # the reference trial that computed it
     scores = [(s, m) for s, m in against_computed if m in ("agreement", "total_variation", "kl")]
     assert len(scores) == 6 and against_computed[("fidelity:test", "total_variation")] > 0
 
@@ -243,6 +246,7 @@ def test_a_reference_from_file_scores_as_the_computed_one_it_was_written_from(tm
         assert expected and {k: from_file[k] for k in expected} == {k: against_computed[k] for k in expected}, name
         assert all(from_file[(s, "reference_from_file")] == 1.0 for s, _ in expected)
         assert not {m for _, m in from_file} & {"rhat_max", "ess_bulk_min", "converged", "noise_total_variation"}
+        assert scored_by[-1] == "file:" + "0" * 64
 
     trials = pd.DataFrame([{"trial_id": spec.trial_id, "phase": "final", "status": "ok", "task": "classification",
                             "method": "sgd", "model": "mlp", "dataset": "digits", "seed": 0}])  # fmt: skip

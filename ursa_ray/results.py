@@ -72,7 +72,7 @@ TRIAL_SCHEMA = pa.schema([
     ("setup_s", pa.float64()), ("train_s", pa.float64()), ("eval_s", pa.float64()), ("bit_depth_eval_s", pa.float64()),
     ("attack_s", pa.float64()), ("n_params", pa.int64()), ("grad_evals", pa.float64()), ("accept_rate", pa.float64()),
     ("method_stats", pa.string()), ("selection", pa.string()), ("transfer_from", pa.string()),
-    ("seeds_in_trial", pa.int64()), ("started_at", pa.float64()), ("finished_at", pa.float64()),
+    ("reference_from", pa.string()), ("seeds_in_trial", pa.int64()), ("started_at", pa.float64()), ("finished_at", pa.float64()),
 ])  # fmt: skip
 METRIC_SCHEMA = pa.schema([
     ("trial_id", pa.string()), ("method", pa.string()), ("model", pa.string()), ("dataset", pa.string()),

@@ -32,6 +32,7 @@ from ursa_ray.evaluation.predictions import SavedPredictive, reference_predictio
 from ursa_ray.evaluation.probes import calibration, make_probes
 from ursa_ray.evaluation.probes.adversarial import TransferProbe
 from ursa_ray.evaluation.probes.base import ProbeContext, predict
+from ursa_ray.evaluation.probes.fidelity import FidelityProbe
 from ursa_ray.evaluation.probes.in_domain import in_domain_metrics
 from ursa_ray.evaluation.test_time_cost import cost_metrics_at_test_time
 from ursa_ray.methods import batched
@@ -199,6 +200,7 @@ class TrialRun:
             for name, table in probe.compute().items():
                 values.setdefault(name, {}).update(table)
         transfer = next((p for p in self.probes if isinstance(p, TransferProbe)), None)
+        scored_by = next((p.reference_from for p in self.probes if isinstance(p, FidelityProbe)), "")
         outcome = TrialOutcome(record={}, transfer_examples=None if transfer is None else transfer.crafted)
         if spec.phase == "final" and ds.task != "classification" and not ds.test_y_observed:
             anchor = _anchor(ds)
@@ -216,7 +218,9 @@ class TrialRun:
         if saving:
             outcome.predictions = tables
         # the trial whose examples the transfer sets are (the source's own id for itself)
-        outcome.record = self.record(n_samples, transfer.source if transfer and transfer.attacked.n_kept else "")
+        outcome.record = self.record(
+            n_samples, transfer.source if transfer and transfer.attacked.n_kept else "", scored_by
+        )
         return outcome
 
     def prediction_tables(self) -> dict[str, pd.DataFrame]:
@@ -251,8 +255,9 @@ class TrialRun:
             ),
         }
 
-    def record(self, n_samples: int, transfer_from: str) -> dict[str, Any]:
-        """The trial's ``trials.parquet`` row."""
+    def record(self, n_samples: int, transfer_from: str, reference_from: str) -> dict[str, Any]:
+        """The trial's ``trials.parquet`` row: ``transfer_from`` the trial whose examples its transfer sets are,
+        ``reference_from`` what scored its fidelity (:func:`~ursa_ray.evaluation.probes.fidelity.scoring_reference`)."""
         stats = self.stats
         return {
             "n_samples": n_samples,
@@ -268,6 +273,7 @@ class TrialRun:
             "accept_rate": float(stats.get("accept_rate", math.nan)),
             "method_stats": json.dumps({k: float(v) for k, v in stats.items()}, sort_keys=True),
             "transfer_from": transfer_from,
+            "reference_from": reference_from,
         }
 
 
@@ -382,6 +388,7 @@ def run_reference_trial(spec: TrialSpec, device: torch.device | None = None) -> 
             {"fingerprint": ref.fingerprint, "computed": computed, **ref.convergence.as_metrics()}, sort_keys=True
         ),
         "transfer_from": "",
+        "reference_from": "",
     }
     return outcome
 
