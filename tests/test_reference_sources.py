@@ -180,6 +180,27 @@ def test_a_bad_reference_block_or_file_is_one_line_naming_the_field_and_nothing_
     assert not (tmp_path / "out").exists()
 
 
+def test_a_saved_prediction_table_in_another_example_order_is_refused_by_its_labels(tmp_path, capsys):
+    """A saved prediction table carries the test labels: the right order passes the check, the same table with
+    its rows renumbered (another example order) is refused in one line before anything is written."""
+    from ursa_ray import reference
+    from ursa_ray.data import get_dataset
+
+    labels = get_dataset("digits").load({}, (), None, False, 0).test_y.numpy()
+    table = pd.DataFrame(UNIFORM, columns=[f"p{k}" for k in range(N_CLASSES)])
+    table.insert(0, "label", labels)
+    table.insert(0, "index", np.arange(N_TEST))
+    table.to_parquet(tmp_path / "saved.parquet")
+    reference.check_reference_labels(reference.file_test_labels(str(tmp_path / "saved.parquet")), labels)
+    shifted = table.assign(index=np.roll(np.arange(N_TEST), 1))
+    grid = _bad(tmp_path, {"file": "shifted.parquet"}, {"shifted.parquet": shifted})
+    assert main(["run", str(grid), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    expected = f"{grid}: reference.file: {tmp_path}/shifted.parquet: test: its labels differ from the cell's test set"
+    assert len(err.splitlines()) == 1 and expected in err and "another example order" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_reading_the_three_file_layouts(tmp_path):
     from ursa_ray.reference import ReferenceFileError, read_reference_file
 

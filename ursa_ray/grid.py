@@ -1213,8 +1213,8 @@ def check_data(grid: Grid) -> None:
 
 
 def _check_reference_file(grid: Grid, block: ReferenceBlock, ds: Any) -> None:
-    """Refuse a reference file that is missing, unreadable, or whose sets, examples or classes do not fit the
-    evaluation sets of a cell it serves (:func:`ursa_ray.reference.check_reference_sets`): one line naming the
+    """Refuse a reference file that is missing, unreadable, or whose sets, examples, classes or test labels (a
+    saved prediction table's) do not fit the evaluation sets of a cell it serves (:func:`ursa_ray.reference.check_reference_sets`): one line naming the
     file and ``reference.file``."""
     from ursa_ray import reference
 
@@ -1222,6 +1222,7 @@ def _check_reference_file(grid: Grid, block: ReferenceBlock, ds: Any) -> None:
     try:
         sets = reference.read_reference_file(block.settings["file"])
         reference.check_reference_sets(sets, sizes, ds.n_outputs)
+        reference.check_reference_labels(reference.file_test_labels(block.settings["file"]), ds.test_y.numpy())
     except reference.ReferenceFileError as exc:
         raise _fail(grid.path, f"{block.field_name}.file", f"{block.settings['file']}: {exc}") from None
 

@@ -348,6 +348,33 @@ def check_reference_sets(sets: Mapping[str, np.ndarray], sizes: Mapping[str, int
             )
 
 
+def file_test_labels(path: str) -> np.ndarray | None:
+    """The test labels a reference file carries, in its example order: a saved prediction table's ``label``
+    column ordered by ``index``; None for the other layouts, which carry none (call after
+    :func:`read_reference_file` has accepted the file)."""
+    if not path.endswith(".parquet"):
+        return None
+    frame = pd.read_parquet(path)
+    if "eval_set" in frame.columns or "label" not in frame.columns:
+        return None
+    return frame.sort_values("index")["label"].to_numpy(np.int64) if "index" in frame else frame["label"].to_numpy()
+
+
+def check_reference_labels(labels: np.ndarray | None, test_labels: np.ndarray) -> None:
+    """Refuse a file whose test labels (:func:`file_test_labels`) differ from the cell's test set, example by
+    example: the predictions of another dataset, or of this one in another order."""
+    if labels is None:
+        return
+    differ = np.flatnonzero(labels != np.asarray(test_labels))
+    if differ.size:
+        i = int(differ[0])
+        raise ReferenceFileError(
+            f"test: its labels differ from the cell's test set at {differ.size:,} of {labels.size:,} examples "
+            f"(first: example {i}, label {labels[i]} in the file, {int(test_labels[i])} in the set): another "
+            "dataset, or another example order"
+        )
+
+
 def file_reference(settings: Mapping[str, Any]) -> Reference:
     """The reference of a ``reference: {file: PATH}`` block (``settings``: ``file``, ``sha256``): its pooled
     probabilities (:func:`read_reference_file`), no chains, checks or noise floor."""
