@@ -810,17 +810,11 @@ def small_network_accuracy(sizes: MixedSizes) -> None:
         report(f"ResNet-20-sized SGD, bf16-mixed vs float32 accuracy on {DEVICE}", gap <= spread, text)
 
 
-def step_variants(model_name: str, options: dict, sizes: MixedSizes, precision: str) -> dict[str, Callable[[], None]]:
-    """One epoch of ``sizes.steps`` steps at batch ``sizes.batch`` of each method's real training loop on
-    random CIFAR-sized data on DEVICE, with the CIFAR augmentation (random crop + flip on the device), in
-    ``precision``: SGD (:func:`train_sgd`), SGLD and SGHMC (:class:`LangevinChain`, as the samplers step),
-    SWAG's collection phase (:func:`collect_iterates`, collecting once per epoch into the moments of rank 20:
-    once per 20 steps here against once per 391 in a CIFAR epoch, so the figure overstates collection's
-    share) and a deep-ensemble member (the method's own stream, one member of one epoch)."""
+def cifar_problem_for(sizes: MixedSizes, precision: str) -> Callable[[torch.nn.Module], Problem]:
+    """For a network, the problem of one epoch of ``sizes.steps`` batches of ``sizes.batch`` random
+    CIFAR-sized examples on DEVICE with the CIFAR augmentation (random crop + flip on the device), trained
+    in ``precision``."""
     from ursa_ray.data.vision import CIFAR_MEAN, CIFAR_STD, RandomCropFlip
-    from ursa_ray.methods._training import train_sgd
-    from ursa_ray.methods.sgmcmc import LangevinChain
-    from ursa_ray.methods.swag import SWAGMoments, collect_iterates
 
     n = sizes.batch * sizes.steps
     generator = torch.Generator().manual_seed(0)
@@ -832,6 +826,38 @@ def step_variants(model_name: str, options: dict, sizes: MixedSizes, precision: 
     def problem_for(model: torch.nn.Module) -> Problem:
         return Problem(x, y, Categorical(), lambda: model, torch.Generator().manual_seed(1), DEVICE, augment, dtype)
 
+    return problem_for
+
+
+def chain_epoch(name: str, model: torch.nn.Module, problem: Problem, batch: int) -> Callable[[], None]:
+    """One epoch of an SGLD (``name`` "sgld") or SGHMC chain on ``model``, stepping as the samplers do
+    (:class:`LangevinChain`: the network's forward and backward pass, then the update on the flat
+    parameters)."""
+    from ursa_ray.methods.sgmcmc import LangevinChain
+
+    config = resolve_config(get_method(name), {"lr": 1e-4, "batch_size": batch})
+    chain = LangevinChain(model, problem, config, momentum=name == "sghmc")
+    model.train()
+
+    def epoch() -> None:
+        for xb, yb in problem.minibatches(batch):
+            chain.step(xb, yb, 1e-4)
+
+    return epoch
+
+
+def step_variants(model_name: str, options: dict, sizes: MixedSizes, precision: str) -> dict[str, Callable[[], None]]:
+    """One epoch of ``sizes.steps`` steps at batch ``sizes.batch`` of each method's real training loop on
+    random CIFAR-sized data on DEVICE (:func:`cifar_problem_for`) in ``precision``: SGD (:func:`train_sgd`),
+    SGLD and SGHMC (:func:`chain_epoch`), SWAG's collection phase (:func:`collect_iterates`, collecting once
+    per epoch into the moments of rank 20: once per 20 steps here against once per 391 in a CIFAR epoch, so
+    the figure overstates collection's share) and a deep-ensemble member (the method's own stream, one
+    member of one epoch)."""
+    from ursa_ray.methods._training import train_sgd
+    from ursa_ray.methods.swag import SWAGMoments, collect_iterates
+
+    problem_for = cifar_problem_for(sizes, precision)
+
     def network() -> torch.nn.Module:
         return build_network(model_name, options, (3, 32, 32), 10)
 
@@ -841,16 +867,7 @@ def step_variants(model_name: str, options: dict, sizes: MixedSizes, precision: 
     variants["sgd"] = lambda m=model: train_sgd(m, problem_for(m), sgd_config, {}, epochs=1)
     for name in ("sgld", "sghmc"):
         model = network()
-        problem = problem_for(model)
-        config = resolve_config(get_method(name), {"lr": 1e-4, "batch_size": sizes.batch})
-        chain = LangevinChain(model, problem, config, momentum=name == "sghmc")
-        model.train()
-
-        def chain_epoch(chain: LangevinChain = chain, problem: Problem = problem) -> None:
-            for xb, yb in problem.minibatches(sizes.batch):
-                chain.step(xb, yb, 1e-4)
-
-        variants[name] = chain_epoch
+        variants[name] = chain_epoch(name, model, problem_for(model), sizes.batch)
     model = network()
     swag_config = resolve_config(get_method("swag"), {"swa_lr": 1e-3, "swa_epochs": 1, "batch_size": sizes.batch})
     moments = SWAGMoments(sum(p.numel() for p in model.parameters()), 20, DEVICE)
