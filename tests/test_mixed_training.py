@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import scipy.stats
@@ -306,6 +307,44 @@ def test_gpu_check_cpu_smoke_runs_every_part_of_issue_33():
     assert "MFU n/a" in out and "MFU denominator" in out
     assert "concurrency: 2 trials sgd/mlp/e1" in out and "throughput gain" in out
     assert "smoke (not judged)" in out
+    # torch.compile of WRN-10-1's step (backend "eager": dynamo traces the network, generates no code)
+    assert "SKIP  torch.compile WRN-10-1" not in out, out[-3000:]
+    graphs = re.search(r"compile WRN-10-1 bf16-mixed sgld \(eager\): compiling epoch [\d.]+ s .*, (\d+) graphs", out)
+    assert graphs and int(graphs[1]) >= 1, out[-3000:]
+    assert "compile WRN-10-1 bf16-mixed sgld: compiled " in out and "eager ÷ compiled" in out
+    assert "compile WRN-10-1 verdict: not decided (one repeat" in out and "compiles within the bound" in out
+    assert "SKIP  torch.compile ResNet50 (width 1): not in the sizes' compiled models" in out
+
+
+def test_compile_verdict_helps_only_beyond_the_repeat_spread_and_within_the_bound(monkeypatch):
+    """gpu_check's verdict on ``torch.compile`` (hand cases, per-step seconds of 3 repeats): "helps" only
+    when the best compiled step beats the best eager one by more than the larger max − min of the repeats;
+    a compile over the bound says so and rules the grid option out; one repeat decides nothing."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # gpu_check prepends tests/ and benchmarks/
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    gpu_check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)
+    spec.loader.exec_module(gpu_check)
+    verdict = gpu_check.compile_verdict
+    eager = [0.0100, 0.0102, 0.0101]  # spread 0.2 ms
+    faster = [0.0080, 0.0081, 0.0085]  # 2.0 ms faster, spread 0.5 ms
+    assert verdict(10, 300, eager, faster) == (
+        "helps: compiled faster by 2.00 ms a step, more than the spread 0.50 ms; "
+        "compiles within the bound (10.0 s <= 300 s): a grid option is worth building"
+    )
+    noisy = [0.0096, 0.0097, 0.0101]  # 0.4 ms faster, spread 0.5 ms
+    assert verdict(10, 300, eager, noisy).startswith("does not help: compiled faster by +0.40 ms a step, not more")
+    assert verdict(10, 300, eager, noisy).endswith(": no grid option")
+    slower = [0.0110, 0.0111, 0.0112]
+    assert verdict(10, 300, eager, slower).startswith("does not help: compiled faster by -1.00 ms")
+    too_slow = verdict(301, 300, eager, faster)
+    assert too_slow.startswith("helps") and "NOT within the bound (301.0 s > 300 s): no grid option" in too_slow
+    assert verdict(10, 300, eager[:1], faster[:1]).startswith("not decided (one repeat")
 
 
 # --- the grid key ``precision`` ----------------------------------------------------------------------------
