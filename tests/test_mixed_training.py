@@ -100,6 +100,36 @@ def test_every_loop_trains_under_bfloat16_with_float32_parameters(name):
     assert seen and set(seen) == {BF16}, seen
 
 
+def test_sngp_trains_its_body_under_bfloat16_and_its_gp_layer_in_float32():
+    """SNGP's loop honours ``training_precision``: the spectral-normalised hidden layer's forward passes are
+    bfloat16, the GP output layer's float32 (its forward disables the autocast), every parameter float32."""
+    from small_problems import regression_problem
+
+    from ursa_ray.methods.sngp import RandomFeatureGP
+
+    problem = mixed(regression_problem())
+    hidden: list[torch.dtype] = []
+    gp_outputs: list[torch.dtype] = []
+    build = problem.make_model
+
+    def make_model() -> nn.Module:
+        model = build()
+        first = next(m for m in model.modules() if isinstance(m, nn.Linear))
+        first.register_forward_hook(lambda m, args, out: hidden.append(out.dtype))
+        return model
+
+    method = get_method("sngp")
+    config = resolve_config(method, {"epochs": 2, "batch_size": 16, "n_features": 32, "n_samples": 2})
+    (predictor, *_) = method.sample_posterior(dataclasses.replace(problem, make_model=make_model), config, {})
+    gp = next(m for m in predictor.modules() if isinstance(m, RandomFeatureGP))
+    gp.register_forward_hook(lambda m, args, out: gp_outputs.append(out.dtype))
+    assert hidden and set(hidden) == {BF16}, hidden  # training passes (the hook sees no evaluation yet)
+    assert all(p.dtype is torch.float32 for p in predictor.parameters())
+    with autocast_body(torch.device("cpu"), BF16):
+        predictor(problem.x[:4])
+    assert gp_outputs == [torch.float32]
+
+
 @pytest.mark.parametrize("name", ["sgld", "swag"])
 def test_batched_copies_train_under_bfloat16(monkeypatch, name):
     """Batched copies (``StackedNetworks``): two SGLD chains (``LangevinCopies``) and two seeds' SWAG

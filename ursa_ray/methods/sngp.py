@@ -198,7 +198,15 @@ class SNGPMethod(Method):
             return problem.likelihood.nll(model(xb), yb) + ridge
 
         model.train()
-        steps, loss = minimise(problem.minibatches, problem.n_train, config, optimiser, config["epochs"], loss_at)
+        steps, loss = minimise(
+            problem.minibatches,
+            problem.n_train,
+            config,
+            optimiser,
+            config["epochs"],
+            loss_at,
+            precision=problem.training_precision,  # the body; the GP layer computes in float32 (its forward)
+        )
         gp.accumulating = False
         gp.finalise()
         stats["grad_evals"] = stats.get("grad_evals", 0.0) + steps
