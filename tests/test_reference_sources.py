@@ -102,6 +102,37 @@ def test_file_and_dir_paths_are_taken_from_the_grid_files_folder(tmp_path, monke
     assert load_grid(grid_file).references[0].settings == {**SHORT, "dir": str(tmp_path / "store")}
 
 
+def test_a_blocks_resources_are_its_reference_trials_alone_and_change_no_id_or_fingerprint():
+    """``resources`` in a block is the reference trial's request (each key over the cell's); the method trials
+    keep theirs, and no trial id or reference fingerprint changes with it (it says where the reference runs,
+    not what it is)."""
+    from ursa_ray import reference
+
+    plain = parse_grid({**GRID, "reference": SHORT}).trial_specs()
+    wide = parse_grid({**GRID, "reference": {**SHORT, "resources": {"cpu": 2}}}).trial_specs()
+    assert [s.trial_id for s in wide] == [s.trial_id for s in plain]
+    (ref,) = [s for s in wide if s.phase == "reference"]
+    assert ref.resources["cpu"] == 2 and all(s.resources["cpu"] == 1 for s in wide if s.phase == "final")
+    assert ref.resources["gpu"] == plain[0].resources["gpu"]  # the keys the block leaves out are the cell's
+    digest = "0" * 64
+    assert reference.fingerprint(ref, ref.reference, digest) == reference.fingerprint(ref, plain[0].reference, digest)
+    assert reference.hmc_config(ref.reference) == reference.hmc_config(plain[0].reference)
+
+
+def test_a_reference_request_no_node_can_place_is_refused_before_any_trial(ray_session, tmp_path):
+    """A block's ``resources`` beyond every node is refused in one line naming the reference trial, as a
+    method's is (Ray would otherwise wait forever), and nothing runs."""
+    import ursa_ray
+    from ursa_ray.grid import GridError
+
+    grid = {**GRID, "reference": {**SHORT, "resources": {"cpu": 64}}}
+    with pytest.raises(
+        GridError, match=r"resources: the reference trial on model 'mlp' asks for CPU=64, which no node"
+    ):
+        ursa_ray.run(grid, out=tmp_path / "out", echo=lambda line: None)
+    assert not (tmp_path / "out" / "trials.parquet").exists()
+
+
 def _bad(tmp_path, block, files=None):
     """The grid file of GRID with ``reference: block``, written beside ``files`` (arrays as CSV, frames as Parquet)."""
     for name, frame in (files or {}).items():
@@ -139,6 +170,7 @@ UNIFORM = np.full((N_TEST, N_CLASSES), 0.1)
             "reference[1]: gives no cell its reference: it matches no classification (model, dataset)",
         ),
         ({"file": "probs.csv", "chains": 2}, None, "reference.chains: a reference from file is not computed"),
+        ({**SHORT, "resources": {"cpu": 0}}, None, "reference.resources.cpu: "),
         ({"file": "missing.csv"}, None, "reference.file: {tmp}/missing.csv: no such file"),
         ({"file": "probs.txt"}, {"probs.txt": UNIFORM}, "reference.file: {tmp}/probs.txt: expected a .parquet or .csv"),
         (

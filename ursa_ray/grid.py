@@ -442,7 +442,7 @@ def trial_id(spec: TrialSpec) -> str:
     the sha256 of the files' content (so changed data is a new trial, and a new grid for
     :func:`ursa_ray.guard.grid_fingerprint`), but not the files' paths (moving the project keeps a results
     directory resumable); and the settings of the cell's reference, which its fidelity rows depend on (a
-    file's sha256, not its path; not the store's ``dir``)."""
+    file's sha256, not its path; not the store's ``dir`` nor the reference trial's ``resources``)."""
     identity = {
         k: getattr(spec, k)
         for k in ("phase", "method", "model", "model_options", "dataset", "dataset_options", "ood", "seed", "config")
@@ -454,7 +454,7 @@ def trial_id(spec: TrialSpec) -> str:
     if spec.dataset_file is not None:
         identity["dataset_file"] = {k: v for k, v in spec.dataset_file.items() if k not in ("path", "ood")}
     if spec.reference is not None:  # a grid without a reference keeps its trials' ids
-        identity["reference"] = {k: v for k, v in spec.reference.items() if k not in ("file", "dir")}
+        identity["reference"] = {k: v for k, v in spec.reference.items() if k not in ("file", "dir", "resources")}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"{spec.phase}-{spec.cell_slug}-s{spec.seed}-{digest}"
 
@@ -999,7 +999,7 @@ def parse_statistics(path: str, raw: Any) -> dict[str, str]:
     return {"interval": interval}
 
 
-REFERENCE_BLOCK_KEYS = ("models", "datasets", "file", "dir")
+REFERENCE_BLOCK_KEYS = ("models", "datasets", "file", "dir", "resources")
 """A ``reference`` block's keys besides the settings of a computed reference (:func:`ursa_ray.reference.declared_settings`)."""
 
 
@@ -1024,7 +1024,8 @@ def _reference_block(
     ``file`` alone (a path, relative to the grid file's folder) or the settings of a computed reference (keys from
     :func:`ursa_ray.reference.declared_settings` with their ranges, the unset ones left to
     :data:`ursa_ray.reference.SETTINGS_DEFAULTS` and HMC's defaults; a burn-in it cannot afford is not checked
-    here, HMC's adaptation runs within it) with an optional ``dir``."""
+    here, HMC's adaptation runs within it) with an optional ``dir`` and ``resources`` (the reference trial's
+    request, each key over the cell's: :func:`_resources`)."""
     from ursa_ray import reference
     from ursa_ray.data.files import content_digest
 
@@ -1047,9 +1048,12 @@ def _reference_block(
         file = _reference_path(path, f"{where}.file", given["file"])
         settings = {"file": file, "sha256": content_digest([file])}
     else:
-        settings = _check_options(path, where, "reference", declared, {k: v for k, v in given.items() if k != "dir"})
+        hmc = {k: v for k, v in given.items() if k not in ("dir", "resources")}
+        settings = _check_options(path, where, "reference", declared, hmc)
         if "dir" in given:
             settings["dir"] = _reference_path(path, f"{where}.dir", given["dir"])
+        if "resources" in given:  # the reference trial's own request (more CPUs: its chains' passes use them)
+            settings["resources"] = _resources(path, f"{where}.resources", given["resources"])
     return ReferenceBlock(settings, models, datasets, where)
 
 

@@ -59,8 +59,9 @@ SETTINGS_DEFAULTS: dict[str, Any] = {"method": "hmc", "chains": 4, "n_samples": 
 
 METADATA_KEY = b"ursa_ray.reference"
 
-LOCATION_KEYS = ("dir",)
-"""Settings that say where a computed reference is stored, not what it is: left out of its fingerprint."""
+LOCATION_KEYS = ("dir", "resources")
+"""Settings that say where a computed reference is stored (``dir``) or runs (``resources``: its trial's request,
+each key over the cell's), not what it is: left out of its fingerprint."""
 
 FILE_SUFFIXES = (".parquet", ".csv")
 """The files a ``reference: {file: PATH}`` may be (:func:`read_reference_file`)."""
@@ -131,7 +132,7 @@ def fingerprint(spec: TrialSpec, settings: Mapping[str, Any], data_digest: str) 
 
 
 def what_it_is(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` without the keys that say where the reference is stored (:data:`LOCATION_KEYS`)."""
+    """``settings`` without the keys that say where the reference is stored or runs (:data:`LOCATION_KEYS`)."""
     return {k: v for k, v in settings.items() if k not in LOCATION_KEYS}
 
 
@@ -147,7 +148,7 @@ def data_digest(ds: Dataset) -> str:
 
 def reference_spec(spec: TrialSpec, settings: Mapping[str, Any]) -> TrialSpec:
     """The trial spec of a cell's reference, from any final spec of the cell: method ``hmc`` with
-    :func:`hmc_config`, phase ``reference``, the reference's own seed, nothing attacked or calibrated (the
+    :func:`hmc_config`, phase ``reference``, the block's ``resources`` over the cell's, the reference's own seed, nothing attacked or calibrated (the
     reference conditions on the whole training set); its pooled predictive saved when the grid saves
     predictions (``save_predictions``)."""
     merged = {**SETTINGS_DEFAULTS, **settings}
@@ -156,6 +157,7 @@ def reference_spec(spec: TrialSpec, settings: Mapping[str, Any]) -> TrialSpec:
         method="hmc",
         label="reference",
         phase="reference",
+        resources={**spec.resources, **settings.get("resources", {})},
         seed=int(merged["seed"]),
         config=hmc_config(settings),
         save_predictions=spec.save_predictions,

@@ -50,14 +50,21 @@ def connect(address: str | None) -> None:
 
 def grid_requests(grid: Grid) -> dict[tuple[tuple[str, float], ...], list[tuple[str, str]]]:
     """Every distinct request of the grid's trials (both phases: a cell's search and final trials ask for the
-    same), as sorted (resource, amount) pairs, each with the (method label, model) pairs that ask for it."""
+    same; a reference trial the block's ``resources`` over its cell's), as sorted (resource, amount) pairs, each
+    with the (method label, model) pairs that ask for it (label ``reference`` for a reference trial)."""
+    asked = [
+        (cell["method"].label, cell["model"].name, grid.resources_for(cell["method"], cell["model"]))
+        for cell in grid.cells()
+    ]
+    for block, cell in grid.reference_cells():
+        if "resources" in block.settings:
+            cells = grid.resources_for(cell["method"], cell["model"])
+            asked.append(("reference", cell["model"].name, {**cells, **block.settings["resources"]}))
     out: dict[tuple[tuple[str, float], ...], list[tuple[str, str]]] = {}
-    for cell in grid.cells():
-        method, model = cell["method"], cell["model"]
-        key = tuple(sorted(request(grid.resources_for(method, model)).items()))
-        pairs = out.setdefault(key, [])
-        if (method.label, model.name) not in pairs:
-            pairs.append((method.label, model.name))
+    for label, model, resources in asked:
+        pairs = out.setdefault(tuple(sorted(request(resources).items())), [])
+        if (label, model) not in pairs:
+            pairs.append((label, model))
     return out
 
 
@@ -117,7 +124,8 @@ def check_cluster_fits(grid: Grid) -> None:
         else:
             label, model = pairs[0]
             others = len(pairs) - 1
-            who = f"method {label!r} on model {model!r}" + (
+            asker = "the reference trial" if label == "reference" else f"method {label!r}"
+            who = f"{asker} on model {model!r}" + (
                 f" (and {others} other method/model pair{'s' if others > 1 else ''})" if others else ""
             )
         raise GridError(
