@@ -1218,8 +1218,9 @@ def check_data(grid: Grid) -> None:
 
 def _check_reference_file(grid: Grid, block: ReferenceBlock, ds: Any) -> None:
     """Refuse a reference file that is missing, unreadable, or whose sets, examples, classes or test labels (a
-    saved prediction table's) do not fit the evaluation sets of a cell it serves (:func:`ursa_ray.reference.check_reference_sets`): one line naming the
-    file and ``reference.file``."""
+    saved prediction table's) do not fit the evaluation sets of a cell it serves
+    (:func:`ursa_ray.reference.check_reference_sets`, :func:`~ursa_ray.reference.check_reference_labels`): one
+    line naming the file and ``reference.file``."""
     from ursa_ray import reference
 
     sizes = {"test": int(ds.test_x.shape[0]), **{name: int(x.shape[0]) for name, x in ds.ood.items()}}

@@ -148,9 +148,9 @@ def data_digest(ds: Dataset) -> str:
 
 def reference_spec(spec: TrialSpec, settings: Mapping[str, Any]) -> TrialSpec:
     """The trial spec of a cell's reference, from any final spec of the cell: method ``hmc`` with
-    :func:`hmc_config`, phase ``reference``, the block's ``resources`` over the cell's, the reference's own seed, nothing attacked or calibrated (the
-    reference conditions on the whole training set); its pooled predictive saved when the grid saves
-    predictions (``save_predictions``)."""
+    :func:`hmc_config`, phase ``reference``, the block's ``resources`` over the cell's, the reference's own
+    seed, nothing attacked or calibrated (the reference conditions on the whole training set); its pooled
+    predictive saved when the grid saves predictions (``save_predictions``)."""
     merged = {**SETTINGS_DEFAULTS, **settings}
     return dataclasses.replace(
         spec,
