@@ -11,6 +11,7 @@ the per-type means as box plots.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -22,9 +23,40 @@ import pandas as pd  # noqa: E402
 from analysis.composites import decision_task_datasets, final_metrics  # noqa: E402
 from analysis.intervals import grouped_intervals, interval_text  # noqa: E402
 from ursa_ray.eval_sets import parse  # noqa: E402
-from ursa_ray.evaluation.corruptions import severity_summary  # noqa: E402
 
 METRICS = ("accuracy", "ece")
+
+
+def severity_summary(values: pd.DataFrame, metrics: Sequence[str], by: Sequence[str] = ()) -> pd.DataFrame:
+    """Ovadia et al. (2019)'s summary of a metric under corruption: per severity, its distribution over the
+    corruption types.
+
+    ``values`` has one row per (``by``…, ``corruption``, ``severity``) and a column per metric.  Returns one
+    row per (``by``…, ``severity``, ``metric``) with ``n_corruptions`` and, over the corruption types, the
+    ``mean``, ``min``, quartiles ``q25``, ``median``, ``q75`` (linear interpolation between order statistics,
+    as numpy's and matplotlib's box plots) and ``max``.  Raises ``ValueError`` if a (``by``…,
+    ``corruption``, ``severity``) appears twice (average seeds first) or a column is missing.
+    """
+    keys = [*by, "severity"]
+    missing = [c for c in [*keys, "corruption", *metrics] if c not in values.columns]
+    if missing:
+        raise ValueError(f"severity_summary: missing columns {missing}; present: {list(values.columns)}")
+    repeated = values.duplicated([*keys, "corruption"], keep=False)
+    if repeated.any():
+        first = values.loc[repeated, [*keys, "corruption"]].iloc[0].to_dict()
+        raise ValueError(f"severity_summary: more than one row for {first}")
+    long = values.melt(id_vars=[*keys, "corruption"], value_vars=list(metrics), var_name="metric")
+    grouped = long.groupby([*keys, "metric"], sort=True)["value"]
+    summary = grouped.agg(
+        n_corruptions="count",
+        mean="mean",
+        min="min",
+        q25=lambda v: v.quantile(0.25),
+        median="median",
+        q75=lambda v: v.quantile(0.75),
+        max="max",
+    )
+    return summary.reset_index()
 
 
 def corruption_rows(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:

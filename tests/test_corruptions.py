@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as nnf
 import torchvision.transforms.v2.functional as tvf
 
+from analysis.corruption_shift import severity_summary
 from ursa_ray.data import get_dataset
 from ursa_ray.data.digits import _split
 from ursa_ray.data.vision import CIFAR_MEAN, CIFAR_STD, MNIST_MEAN, MNIST_STD
@@ -24,7 +25,6 @@ from ursa_ray.evaluation.corruptions import (
     corrupt,
     corrupt_pixels,
     corruption_parameter,
-    severity_summary,
     validate_corruptions,
 )
 from ursa_ray.models.mlp import build_mlp

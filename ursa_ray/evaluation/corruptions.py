@@ -82,7 +82,7 @@ normalisation, maps back to pixels, clips to [0, 1], corrupts, clips to [0, 1] a
 
 Summaries (Ovadia et al. 2019, "Can you trust your model's uncertainty?", Figures 2–3): for each severity
 the distribution of a metric over the corruption types, as a box plot: mean, minimum, quartiles, maximum
-(:func:`severity_summary`).
+(:func:`analysis.corruption_shift.severity_summary`).
 """
 
 from __future__ import annotations
@@ -91,7 +91,6 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-import pandas as pd
 import torch
 import torch.nn.functional as nnf
 import torchvision.transforms.v2.functional as tvf
@@ -364,38 +363,6 @@ def corrupt(
         raise ValueError(f"std must be positive, got {std!r}")
     pixels = (images.float() * std_t + mean_t).clamp(0.0, 1.0)
     return ((corrupt_pixels(pixels, corruption, severity, seed) - mean_t) / std_t).to(images.dtype)
-
-
-def severity_summary(values: pd.DataFrame, metrics: Sequence[str], by: Sequence[str] = ()) -> pd.DataFrame:
-    """Ovadia et al. (2019)'s summary of a metric under corruption: per severity, its distribution over the
-    corruption types.
-
-    ``values`` has one row per (``by``…, ``corruption``, ``severity``) and a column per metric.  Returns one
-    row per (``by``…, ``severity``, ``metric``) with ``n_corruptions`` and, over the corruption types, the
-    ``mean``, ``min``, quartiles ``q25``, ``median``, ``q75`` (linear interpolation between order statistics,
-    as numpy's and matplotlib's box plots) and ``max``.  Raises ``ValueError`` if a (``by``…,
-    ``corruption``, ``severity``) appears twice (average seeds first) or a column is missing.
-    """
-    keys = [*by, "severity"]
-    missing = [c for c in [*keys, "corruption", *metrics] if c not in values.columns]
-    if missing:
-        raise ValueError(f"severity_summary: missing columns {missing}; present: {list(values.columns)}")
-    repeated = values.duplicated([*keys, "corruption"], keep=False)
-    if repeated.any():
-        first = values.loc[repeated, [*keys, "corruption"]].iloc[0].to_dict()
-        raise ValueError(f"severity_summary: more than one row for {first}")
-    long = values.melt(id_vars=[*keys, "corruption"], value_vars=list(metrics), var_name="metric")
-    grouped = long.groupby([*keys, "metric"], sort=True)["value"]
-    summary = grouped.agg(
-        n_corruptions="count",
-        mean="mean",
-        min="min",
-        q25=lambda v: v.quantile(0.25),
-        median="median",
-        q75=lambda v: v.quantile(0.75),
-        max="max",
-    )
-    return summary.reset_index()
 
 
 def _channels(images: Tensor) -> int:
