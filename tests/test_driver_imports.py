@@ -77,3 +77,19 @@ def test_ursa_ray_run_drives_tune_without_importing_torch(ray_session, tmp_path)
         timeout=900,
     )
     assert "status: 0 torch imported: False" in out
+
+
+def test_the_report_modules_import_without_torch():
+    """``ursa-ray report`` reads Parquet: its modules, the metrics and the saved-prediction tables import
+    without torch or torchvision (~3 s of every report; a regression cell's named points still import the
+    data module when the results have them).  Fails when a module the report imports pulls torch in on import."""
+    out = run_fresh(
+        """
+        import sys
+        import analysis.report, analysis.calibration_figures, analysis.corruption_shift
+        import ursa_ray.evaluation.metrics, ursa_ray.evaluation.predictions
+        print(sorted(m for m in ("torch", "torchvision") if m in sys.modules))
+        """,
+        timeout=120,
+    )
+    assert out.strip() == "[]"

@@ -1,4 +1,7 @@
-"""Evaluation of posterior predictives: online accumulators and URSABench's metrics."""
+"""Evaluation of posterior predictives: online accumulators and URSABench's metrics.
+
+The accumulators (:mod:`ursa_ray.evaluation.predictive`) need torch and are imported on first use, so that
+the metrics and saved-prediction tables, which the report (``analysis/``) reads, do not import torch."""
 
 from ursa_ray.evaluation.metrics import (
     accuracy,
@@ -22,7 +25,6 @@ from ursa_ray.evaluation.metrics import (
     risk_coverage_curve,
     selective_prediction,
 )
-from ursa_ray.evaluation.predictive import ClassificationPredictive, RegressionPredictive
 
 __all__ = [
     "ClassificationPredictive",
@@ -48,3 +50,13 @@ __all__ = [
     "ood_metrics",
     "regression_metrics",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``ClassificationPredictive`` and ``RegressionPredictive`` from :mod:`~ursa_ray.evaluation.predictive`,
+    imported when first asked for (PEP 562)."""
+    if name in ("ClassificationPredictive", "RegressionPredictive"):
+        from ursa_ray.evaluation import predictive
+
+        return getattr(predictive, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,18 +8,21 @@ numpy), python floats come out.  Logarithms are natural.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+import sys
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import entr, log_softmax
 from scipy.stats import norm
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
-from torch import Tensor
 
-from ursa_ray.evaluation.predictive import RegressionPredictive
+if TYPE_CHECKING:  # torch only in annotations: the report (analysis/) reads saved tables without importing torch
+    from torch import Tensor
 
-ArrayLike = np.ndarray | Tensor
+    from ursa_ray.evaluation.predictive import RegressionPredictive
+
+    ArrayLike = np.ndarray | Tensor
 
 
 class ClassificationSummary(Protocol):
@@ -33,7 +36,8 @@ class ClassificationSummary(Protocol):
 
 
 def _to_numpy(values: ArrayLike) -> np.ndarray:
-    if isinstance(values, Tensor):
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    if torch is not None and isinstance(values, torch.Tensor):
         return values.detach().cpu().numpy()
     return np.asarray(values)
 

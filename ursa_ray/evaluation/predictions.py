@@ -16,6 +16,7 @@ the ``fidelity:SET`` rows of every method trial of its cell are recomputable fro
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -30,7 +31,9 @@ from ursa_ray.evaluation.metrics import (
     fit_temperature,
     ood_metrics,
 )
-from ursa_ray.evaluation.predictive import ClassificationPredictive
+
+if TYPE_CHECKING:
+    from ursa_ray.evaluation.predictive import ClassificationPredictive
 
 
 def prediction_table(pred: ClassificationPredictive, labels: np.ndarray | None) -> pd.DataFrame:
