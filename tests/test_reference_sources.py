@@ -87,10 +87,23 @@ def test_a_trial_id_follows_its_references_content_not_where_it_is(tmp_path):
     assert parse_grid(GRID).trial_specs()[0].trial_id not in final_ids(SHORT)
 
 
+def _digits_test_labels() -> np.ndarray:
+    from ursa_ray.data import get_dataset
+
+    return get_dataset("digits").load({}, (), None, False, 0).test_y.numpy()
+
+
+def _confident(labels: np.ndarray) -> np.ndarray:
+    """Probabilities 0.91 on each example's label, 0.01 on the other classes: a reference in the set's order."""
+    probs = np.full((labels.size, N_CLASSES), 0.01)
+    probs[np.arange(labels.size), labels] = 0.91
+    return probs
+
+
 def test_file_and_dir_paths_are_taken_from_the_grid_files_folder(tmp_path, monkeypatch):
     folder = tmp_path / "project"
     (folder / "refs").mkdir(parents=True)
-    np.savetxt(folder / "refs" / "probs.csv", np.full((N_TEST, N_CLASSES), 0.1), delimiter=",")
+    np.savetxt(folder / "refs" / "probs.csv", _confident(_digits_test_labels()), delimiter=",")
     grid_file = folder / "grid.yaml"
     grid_file.write_text(yaml.safe_dump({**GRID, "reference": {"file": "refs/probs.csv"}}))
     monkeypatch.chdir(tmp_path)  # elsewhere than the grid file
@@ -231,6 +244,45 @@ def test_a_saved_prediction_table_in_another_example_order_is_refused_by_its_lab
     expected = f"{grid}: reference.file: {tmp_path}/shifted.parquet: test: its labels differ from the cell's test set"
     assert len(err.splitlines()) == 1 and expected in err and "another example order" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_csv_in_another_example_order_is_refused_by_its_agreement_with_the_labels(tmp_path, capsys):
+    """A CSV carries no labels: probabilities that put 0.91 on each test example's label pass the order check,
+    the same rows shifted by one example (another order: top-1 agreement near chance) are refused in one line
+    before anything is written."""
+    from ursa_ray import reference
+
+    labels = _digits_test_labels()
+    confident = _confident(labels)
+    reference.check_reference_order(confident, labels)
+    grid = _bad(tmp_path, {"file": "shifted.csv"}, {"shifted.csv": np.roll(confident, 1, axis=0)})
+    assert main(["run", str(grid), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    expected = f"{grid}: reference.file: {tmp_path}/shifted.csv: test: its top-1 predictions match the cell's test"
+    assert len(err.splitlines()) == 1 and expected in err and "another example order" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_order_check_against_its_hand_case():
+    """p₀ = Σ_c f̂_c f_c: 40 labels, 20 of class 0 and 20 of class 1, every prediction class 0: p₀ = 1/2, and 20
+    agreements of 40 are what chance gives (refused); 30 of 40 right with balanced predictions: one-sided
+    binomial p = 0.0011 > 1e-3 (refused); 31 of 40: p = 0.0003 (accepted)."""
+    from ursa_ray.reference import ReferenceFileError, check_reference_order
+
+    labels = np.repeat([0, 1], 20)
+    with pytest.raises(ReferenceFileError, match="20 of 40 examples"):
+        check_reference_order(np.tile([0.9, 0.1], (40, 1)), labels)
+    for right, refused in ((30, True), (31, False)):
+        predicted = labels.copy()
+        wrong = 40 - right
+        predicted[: wrong // 2] = 1  # balanced mistakes: predicted frequencies stay 1/2, 1/2 (odd: one more 0)
+        predicted[20 : 20 + wrong - wrong // 2] = 0
+        probs = np.eye(2)[predicted] * 0.8 + 0.1
+        if refused:
+            with pytest.raises(ReferenceFileError, match="no more than in a random order"):
+                check_reference_order(probs, labels)
+        else:
+            check_reference_order(probs, labels)
 
 
 def test_reading_the_three_file_layouts(tmp_path):

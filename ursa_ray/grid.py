@@ -1218,16 +1218,21 @@ def check_data(grid: Grid) -> None:
 
 def _check_reference_file(grid: Grid, block: ReferenceBlock, ds: Any) -> None:
     """Refuse a reference file that is missing, unreadable, or whose sets, examples, classes or test labels (a
-    saved prediction table's) do not fit the evaluation sets of a cell it serves
-    (:func:`ursa_ray.reference.check_reference_sets`, :func:`~ursa_ray.reference.check_reference_labels`): one
-    line naming the file and ``reference.file``."""
+    saved prediction table's) do not fit the evaluation sets of a cell it serves, or, without labels, whose test
+    predictions agree with the set's labels no more than in a random order
+    (:func:`ursa_ray.reference.check_reference_sets`, :func:`~ursa_ray.reference.check_reference_labels`,
+    :func:`~ursa_ray.reference.check_reference_order`): one line naming the file and ``reference.file``."""
     from ursa_ray import reference
 
     sizes = {"test": int(ds.test_x.shape[0]), **{name: int(x.shape[0]) for name, x in ds.ood.items()}}
     try:
         sets = reference.read_reference_file(block.settings["file"])
         reference.check_reference_sets(sets, sizes, ds.n_outputs)
-        reference.check_reference_labels(reference.file_test_labels(block.settings["file"]), ds.test_y.numpy())
+        labels = reference.file_test_labels(block.settings["file"])
+        if labels is None:
+            reference.check_reference_order(sets["test"], ds.test_y.numpy())
+        else:
+            reference.check_reference_labels(labels, ds.test_y.numpy())
     except reference.ReferenceFileError as exc:
         raise _fail(grid.path, f"{block.field_name}.file", f"{block.settings['file']}: {exc}") from None
 

@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from scipy.stats import binomtest
 
 from ursa_ray.data.base import Dataset
 from ursa_ray.evaluation import fidelity
@@ -374,6 +375,32 @@ def check_reference_labels(labels: np.ndarray | None, test_labels: np.ndarray) -
             f"test: its labels differ from the cell's test set at {differ.size:,} of {labels.size:,} examples "
             f"(first: example {i}, label {labels[i]} in the file, {int(test_labels[i])} in the set): another "
             "dataset, or another example order"
+        )
+
+
+ORDER_TEST_LEVEL = 1e-3
+"""Level of :func:`check_reference_order`'s one-sided test."""
+
+
+def check_reference_order(probs: np.ndarray, test_labels: np.ndarray) -> None:
+    """Refuse test probabilities without labels (a CSV, the stored layout) whose top-1 predictions agree with
+    the cell's test labels no more than in a random order: k agreements of n, against the binomial with
+    p₀ = Σ_c f̂_c f_c, the agreement expected when the file's predicted-class frequencies f̂ meet the set's
+    label frequencies f in a random pairing (scipy.stats.binomtest, one-sided, level
+    :data:`ORDER_TEST_LEVEL`).  A reference in the set's order scores far above p₀ (a posterior predictive at
+    90% accuracy on 10 balanced classes: 0.9 against 0.1), so only another order, another dataset or a
+    predictive no better than chance is refused."""
+    labels = np.asarray(test_labels, dtype=np.int64)
+    predicted = probs.argmax(axis=1)
+    k = probs.shape[1]
+    chance = float(np.bincount(predicted, minlength=k) @ np.bincount(labels, minlength=k)) / labels.size**2
+    agree = int((predicted == labels).sum())
+    p_value = binomtest(agree, labels.size, min(chance, 1.0), alternative="greater").pvalue
+    if p_value > ORDER_TEST_LEVEL:
+        raise ReferenceFileError(
+            f"test: its top-1 predictions match the cell's test labels at {agree:,} of {labels.size:,} examples, "
+            f"no more than in a random order ({chance:.1%} expected, one-sided binomial p = {p_value:.2g}): "
+            "another example order, or another dataset"
         )
 
 
