@@ -61,9 +61,12 @@ def timed(work: Callable[[], object]) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def hmc_stream(spec: TrialSpec, n_chains: int, per_chain: dict) -> Callable[[], None]:
-    """Run HMC's stream (training only) with ``n_chains`` chains of ``per_chain`` settings on ``spec``'s cell."""
-    run = TrialRun(reference_spec(spec, {"chains": 2, **per_chain}))
+def hmc_stream(
+    spec: TrialSpec, n_chains: int, per_chain: dict, device: torch.device | None = None
+) -> Callable[[], None]:
+    """Run HMC's stream (training only) with ``n_chains`` chains of ``per_chain`` settings on ``spec``'s cell, its
+    data and networks on ``device`` (None: the trial's own choice, the CPU here)."""
+    run = TrialRun(reference_spec(spec, {"chains": 2, **per_chain}), device)
     config = resolve_config(get_method("hmc"), {**per_chain, "n_chains": n_chains})
 
     def work() -> None:

@@ -14,7 +14,9 @@
    and with 201 gradients per run (the second amortises a chain's set-up as a real chain does); corrupting
    10,000 CIFAR-sized images at every corruption type and severity ÷ one ResNet50 evaluation pass over them
    (``benchmarks/bench_corruptions.py``'s functions); batched copies (``benchmarks/bench_vectorised.py``'s
-   three comparisons on the device, and E.1 copies per batched step up to 20,000 with their throughput).
+   three comparisons on the device, and E.1 copies per batched step up to 20,000 with their throughput);
+   HMC's stream with 4 chains ÷ 1 chain on the quickstart's digits cell (issue 29's reference: ≤ 2,
+   ``benchmarks/bench_reference.py``'s functions; 4.46 on one CPU core).
 4. Ray, where it is installed (a GPU machine without the package index may lack it: its wheel is too
    large to carry there): the quickstart grid, every method but seed 0 only (24 trials, 56 s on a 2-core
    CPU), with ``gpu: 0.25`` per trial through ``run_grid`` (what ``ursa-ray run`` calls) on
@@ -59,6 +61,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import faulthandler
+import json
 import math
 import os
 import statistics
@@ -437,6 +440,22 @@ def speed_hmc(n: int, n_leapfrog: int, repeats: int = 3) -> None:
         f"plain fwd+bwd {per['plain']:.2f} ms"
     )
     info(f"HMC grads/s / plain fwd+bwd/s: {ratios(times['plain'], times['hmc'])}  (CPU target >= 0.9)")
+
+
+def speed_reference_chains(repeats: int = 3) -> None:
+    """Issue 29: HMC's stream (training only) with 4 chains against 1 on the quickstart's digits cell, on the
+    device (``benchmarks/bench_reference.py``'s functions and per-chain settings; target: 4 chains at most 2x)."""
+    from bench_reference import CHAINS, hmc_stream, quickstart_sgd_spec
+
+    spec = quickstart_sgd_spec()
+    variants = {f"{c} chain(s)": hmc_stream(spec, c, CHAINS, DEVICE) for c in (1, 4)}
+    for work in variants.values():  # the process's and the method's one-off costs
+        work()
+    times = interleaved(variants, repeats)
+    info(
+        f"HMC reference chains, quickstart digits MLP on {DEVICE} ({json.dumps(CHAINS)} per chain): "
+        f"4 chains / 1 chain {ratios(times['4 chain(s)'], times['1 chain(s)'])}  (issue 29 target <= 2)"
+    )
 
 
 # --- 4. Ray -------------------------------------------------------------------------------------------
@@ -1232,6 +1251,7 @@ def main() -> int:
             guarded("hmc speed", lambda: speed_hmc(60_000 if CUDA else 6_000, n_leapfrog=n_leapfrog))
         guarded("corruption speed", lambda: speed_corruptions(10_000 if CUDA else 200))
         guarded("vectorised speed", lambda: speed_vectorised(3 if CUDA else 1))
+        guarded("reference chains speed", lambda: speed_reference_chains(3 if CUDA else 1))
 
     print("\n== 4. Ray ==")
     if "ray" not in parts:
