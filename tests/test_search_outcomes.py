@@ -222,22 +222,13 @@ INTERRUPTED = {
 }
 
 
-def test_ctrl_c_in_the_search_phase_stops_the_run_and_a_rerun_resumes_the_search(ray_session, tmp_path):
+def test_ctrl_c_in_the_search_phase_stops_the_run_and_a_rerun_resumes_the_search(ray_session, tmp_path, capsys):
     out = tmp_path / "results"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
     address = ray_session.get_runtime_context().gcs_address  # the session's Ray: no start-up per run
-    command = [
-        sys.executable,
-        "-m",
-        "ursa_ray.cli",
-        "run",
-        _write(tmp_path, INTERRUPTED),
-        "--out",
-        str(out),
-        "--address",
-        address,
-    ]
+    run = ["run", _write(tmp_path, INTERRUPTED), "--out", str(out)]
+    command = [sys.executable, "-m", "ursa_ray.cli", *run, "--address", address]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     try:
@@ -258,9 +249,10 @@ def test_ctrl_c_in_the_search_phase_stops_the_run_and_a_rerun_resumes_the_search
     assert (first["phase"] == "search").all() and 1 <= len(first) < 3, output  # cut short, nothing more
     assert (first["status"] == "ok").all()
 
-    rerun = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert f"{3 - len(first)} trial(s) ({len(first)} already finished)" in rerun.stdout
+    code = main(run)  # the rerun needs no signal: in-process, on the same session Ray
+    rerun = capsys.readouterr()
+    assert code == 0, rerun.out + rerun.err
+    assert f"{3 - len(first)} trial(s) ({len(first)} already finished)" in rerun.out
     trials = pd.read_parquet(out / "trials.parquet")
     search = trials[trials["phase"] == "search"]
     assert len(search) == 3 and search["trial_id"].is_unique and (search["status"] == "ok").all()
