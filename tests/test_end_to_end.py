@@ -383,7 +383,7 @@ def test_resume_reruns_only_missing_trials(ray_session, tmp_path):
     assert third.skipped == 3 and not third.finished
 
 
-def test_ctrl_c_then_rerun_completes_every_trial_exactly_once(tmp_path):
+def test_ctrl_c_then_rerun_completes_every_trial_exactly_once(ray_session, tmp_path, capsys):
     # what trials score is the other tests' claim: light evaluation keeps this one about the interrupt
     grid = dict(TINY, methods=TINY["methods"][:2], datasets=["digits"], seeds=[0, 1, 2], save_predictions=False)
     grid |= LIGHT_EVALUATION
@@ -393,7 +393,10 @@ def test_ctrl_c_then_rerun_completes_every_trial_exactly_once(tmp_path):
     out = tmp_path / "results"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
-    command = [sys.executable, "-m", "ursa_ray.cli", "run", str(grid_file), "--out", str(out)]
+    run = ["run", str(grid_file), "--out", str(out)]
+    # Ctrl-C goes to a subprocess on the session's Ray (no Ray start-up of its own); the rerun, in-process
+    address = ray_session.get_runtime_context().gcs_address
+    command = [sys.executable, "-m", "ursa_ray.cli", *run, "--address", address]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     deadline = time.time() + 240
@@ -409,9 +412,10 @@ def test_ctrl_c_then_rerun_completes_every_trial_exactly_once(tmp_path):
     assert "interrupted" in output
     partial = pd.read_parquet(out / "trials.parquet")
     assert 0 < len(partial) < 6  # some, not all, trials finished before Ctrl-C
-    rerun = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    assert f"({len(partial)} already finished)" in rerun.stdout
+    code = main(run)
+    rerun = capsys.readouterr()
+    assert code == 0, rerun.out + rerun.err
+    assert f"({len(partial)} already finished)" in rerun.out
     trials = pd.read_parquet(out / "trials.parquet")
     assert len(trials) == 6 and trials["trial_id"].is_unique and (trials["status"] == "ok").all()
     # each method's three seeds were one batched trial: the one Ctrl-C cut short is rerun whole, once

@@ -1,8 +1,9 @@
 """Results on an object store: `ursa-ray run --out s3://...` and `ursa-ray report s3://...` against a local S3
 server (moto), reached only at 127.0.0.1.
 
-The runs are subprocesses with their own local Ray, so the Ray workers inherit the S3 credentials set here
-(the session Ray of conftest.py started before they were set). The URIs carry ``allow_delayed_open=true``:
+The first run is a subprocess with its own local Ray, so its Ray workers inherit the S3 credentials set here
+(the session Ray of conftest.py started before they were set); the rerun, which has no trial left to run, and
+the report are in-process, on the session Ray. The URIs carry ``allow_delayed_open=true``:
 pyarrow then stores small files with one PUT instead of a multipart upload, whose completion this moto
 release answers with an XML root element that pyarrow's AWS SDK rejects (getmoto/moto#10055).
 """
@@ -116,12 +117,12 @@ def _run(command: list[str], cwd, timeout: float) -> subprocess.CompletedProcess
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
 
 
-def test_run_resume_and_report_on_an_s3_uri(s3, tmp_path):
+def test_run_resume_and_report_on_an_s3_uri(s3, ray_session, tmp_path, monkeypatch, capsys):
     grid_file = tmp_path / "object_store.yaml"
     grid_file.write_text(yaml.safe_dump(GRID))
     uri = f"s3://{BUCKET}/runs/tiny?{s3}"
-    command = [sys.executable, "-m", "ursa_ray.cli", "run", str(grid_file), "--out", uri]
-    first = _run(command, tmp_path, timeout=240)
+    run = ["run", str(grid_file), "--out", uri]
+    first = _run([sys.executable, "-m", "ursa_ray.cli", *run], tmp_path, timeout=240)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "final phase: 2 trials (0 already finished)" in first.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["object_store.yaml"]  # nothing written locally
@@ -147,14 +148,16 @@ def test_run_resume_and_report_on_an_s3_uri(s3, tmp_path):
         assert f"predictions/{trial_id}__test.parquet" in keys
     assert not [k for k in keys if ".tmp" in k]
 
-    again = _run(command, tmp_path, timeout=180)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "(2 already finished)" in again.stdout
-    assert not re.search(r"^\[\d+/\d+\]", again.stdout, re.M)  # no trial ran
+    monkeypatch.chdir(tmp_path)  # in-process from here on: still nothing written locally (checked last)
+    code = main(run)  # (the s3 fixture set this process's credentials)
+    again = capsys.readouterr()
+    assert code == 0, again.out + again.err
+    assert "(2 already finished)" in again.out
+    assert not re.search(r"^\[\d+/\d+\]", again.out, re.M)  # no trial ran
     rerun = (out / "trials.parquet").read_parquet()
     pd.testing.assert_frame_equal(rerun, trials)
 
-    assert len(load_results(uri).trials) == 2  # (the s3 fixture set this process's credentials)
+    assert len(load_results(uri).trials) == 2
     assert main(["report", uri]) == 0
     report = (out / "report.md").read_text()
     assert report.startswith("# ursa-ray report: tiny")
