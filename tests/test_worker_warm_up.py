@@ -8,6 +8,7 @@ of 2 plus 0.15 s).  Without the warm-up, the first trial in a process pays torch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -84,3 +85,50 @@ def test_a_worker_warms_up_once_and_each_method_the_first_time_it_runs_it(monkey
     assert trial.warm_up_worker(cpu, ["sgd"]) == 0.0 and warmed == ["sgd"]
     assert trial.warm_up_worker(cpu, ["sgld", "sgd"]) > 0 and warmed == ["sgd", "sgld"]
     assert trial._warmed_up == {("", cpu), ("sgd", cpu), ("sgld", cpu)}
+
+
+def test_corrupting_images_is_warmed_up_once_and_only_for_a_trial_that_may_build_corruption_sets(monkeypatch):
+    """``corruptions=True`` imports what corrupting needs on the first call only; a final trial with corruption
+    types may build corruption sets, a search trial, a decision-task trial or one with no types may not."""
+    from ursa_ray.evaluation import corruptions
+    from ursa_ray.grid import parse_grid
+    from ursa_ray.prepare import may_corrupt
+
+    calls: list[int] = []
+    monkeypatch.setattr(trial, "_warmed_up", set())
+    monkeypatch.setattr(corruptions, "warm_up", lambda: calls.append(1))
+    cpu = torch.device("cpu")
+    trial.warm_up_worker(cpu, ["sgd"])
+    assert calls == []
+    assert trial.warm_up_worker(cpu, ["sgd"], corruptions=True) > 0 and calls == [1]
+    assert trial.warm_up_worker(cpu, ["sgd"], corruptions=True) == 0.0 and calls == [1]
+    grid = {"name": "c", "methods": ["sgd"], "models": [{"name": "mlp", "options": {"widths": [8]}}], "seeds": 1}
+    (final,) = parse_grid({**grid, "datasets": ["digits"]}, "c.yaml").trial_specs()
+    (none,) = parse_grid({**grid, "datasets": ["digits"], "corruptions": {"types": []}}, "c.yaml").trial_specs()
+    decision = parse_grid({**grid, "datasets": ["digits_imbalanced"]}, "c.yaml").trial_specs()
+    assert may_corrupt(final) and not may_corrupt(none) and not any(map(may_corrupt, decision))
+    assert not may_corrupt(dataclasses.replace(final, phase="search"))
+
+
+@pytest.mark.slow  # a fresh Python process: not in the fast tier
+def test_a_worker_imports_torchvision_only_when_its_trial_may_corrupt_images():
+    """A fresh process (a Ray worker) that warms up and runs a trial without corruption sets never imports
+    torchvision (about a second of every worker's start, with torch._dynamo); warming up for a trial that may
+    corrupt imports it before anything is timed."""
+    script = """
+import sys, torch
+from ursa_ray.grid import parse_grid
+from ursa_ray.trial import pick_device, run_trial, warm_up_worker
+grid = {"name": "tv", "methods": ["sgd"], "models": [{"name": "mlp", "options": {"widths": [8]}}], "seeds": 1,
+        "datasets": ["digits"], "budget": {"epochs": 1, "n_samples": 1}, "corruptions": {"types": []},
+        "bit_depths": [], "adversarial": {"attacks": ["fgsm"], "n_examples": 20, "transfer": False}}
+(spec,) = parse_grid(grid, "tv.yaml").trial_specs()
+warm_up_worker(pick_device(0), [spec.method])
+run_trial(spec)
+before = "torchvision" in sys.modules
+warm_up_worker(pick_device(0), [spec.method], corruptions=True)
+print(before, "torchvision" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False", "True"]

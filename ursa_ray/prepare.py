@@ -64,6 +64,12 @@ def pick_device(n_gpus: float) -> torch.device:
     return torch.device("cpu")
 
 
+def may_corrupt(spec: TrialSpec) -> bool:
+    """Whether ``spec``'s trial may build corruption sets (:func:`corrupted_sets`): a final trial, not the
+    decision task's, with corruption types in its grid; its dataset decides the rest (classification images)."""
+    return spec.phase == "final" and not spec.decision_task and bool(spec.corruptions["types"])
+
+
 def corrupted_sets(
     ds: data.base.Dataset, test: tuple[Tensor, Tensor], settings: Mapping[str, Any], seed: int
 ) -> dict[str, tuple[Tensor, Tensor]]:

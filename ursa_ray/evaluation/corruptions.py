@@ -90,11 +90,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.nn.functional as nnf
-import torchvision.transforms.v2.functional as tvf
 from torch import Tensor
+
+
+def _functional() -> ModuleType:
+    """torchvision's v2 functional transforms (affine, contrast), imported on first use: a worker whose trials
+    build no corruption set never imports torchvision (~1 s, with torch._dynamo); one whose trials do imports
+    it in :func:`warm_up`, before anything is timed."""
+    import torchvision.transforms.v2.functional as tvf
+
+    return tvf
+
+
+def warm_up() -> None:
+    """Import what corrupting images needs (:func:`_functional`); :func:`ursa_ray.trial.warm_up_worker` calls it
+    before the first trial of a worker that builds corruption sets."""
+    _functional()
+
 
 SEVERITIES = (1, 2, 3, 4, 5)
 RGB_REFERENCE_SIDE = 32  # CIFAR-10-C's image side: its lengths in pixels are meant at this size
@@ -183,6 +199,7 @@ def _elastic_transform(x: Tensor, rms: float, generator: torch.Generator, scale:
 def _signed_affine(x: Tensor, generator: torch.Generator, angle: float = 0.0, shear: float = 0.0) -> Tensor:
     """torchvision's ``affine`` about the centre (bilinear, fill 0): rotation by ``angle`` and horizontal
     shear by ``shear`` (degrees), both negated for each image with probability 1/2."""
+    tvf = _functional()
     negative = torch.rand(x.shape[0], generator=generator, device=x.device) < 0.5
     out = torch.empty_like(x)
     for sign, chosen in ((1.0, ~negative), (-1.0, negative)):
@@ -207,7 +224,7 @@ def _shear(x: Tensor, radians: float, generator: torch.Generator, scale: float) 
 
 
 def _contrast(x: Tensor, factor: float, generator: torch.Generator, scale: float) -> Tensor:
-    return tvf.adjust_contrast(x, factor)
+    return _functional().adjust_contrast(x, factor)
 
 
 def _brightness(x: Tensor, shift: float, generator: torch.Generator, scale: float) -> Tensor:
