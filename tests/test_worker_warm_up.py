@@ -87,34 +87,42 @@ def test_a_worker_warms_up_once_and_each_method_the_first_time_it_runs_it(monkey
     assert trial._warmed_up == {("", cpu), ("sgd", cpu), ("sgld", cpu)}
 
 
-def test_corrupting_images_is_warmed_up_once_and_only_for_a_trial_that_may_build_corruption_sets(monkeypatch):
-    """``corruptions=True`` imports what corrupting needs on the first call only; a final trial with corruption
-    types may build corruption sets, a search trial, a decision-task trial or one with no types may not."""
-    from ursa_ray.evaluation import corruptions
+def test_torchvision_is_warmed_up_once_and_only_for_a_trial_that_may_import_it(monkeypatch):
+    """``torchvision=True`` imports torchvision on the first call only.  A trial may import it to build corruption
+    sets (a final trial with corruption types, not the decision task's) or to load its dataset (torchvision's
+    readers: MNIST, CIFAR, image folders); a search trial on digits, a decision-task trial or one with no
+    corruption types may not."""
+    from ursa_ray.data.files import file_dataset
     from ursa_ray.grid import parse_grid
-    from ursa_ray.prepare import may_corrupt
+    from ursa_ray.prepare import needs_torchvision
 
-    calls: list[int] = []
+    imported: list[str] = []
     monkeypatch.setattr(trial, "_warmed_up", set())
-    monkeypatch.setattr(corruptions, "warm_up", lambda: calls.append(1))
+    monkeypatch.setattr(trial, "_warm_up_torchvision", lambda: imported.append("torchvision"))
     cpu = torch.device("cpu")
     trial.warm_up_worker(cpu, ["sgd"])
-    assert calls == []
-    assert trial.warm_up_worker(cpu, ["sgd"], corruptions=True) > 0 and calls == [1]
-    assert trial.warm_up_worker(cpu, ["sgd"], corruptions=True) == 0.0 and calls == [1]
+    assert imported == []
+    assert trial.warm_up_worker(cpu, ["sgd"], torchvision=True) > 0 and imported == ["torchvision"]
+    assert trial.warm_up_worker(cpu, ["sgd"], torchvision=True) == 0.0 and len(imported) == 1
     grid = {"name": "c", "methods": ["sgd"], "models": [{"name": "mlp", "options": {"widths": [8]}}], "seeds": 1}
+    none = {"corruptions": {"types": []}}
     (final,) = parse_grid({**grid, "datasets": ["digits"]}, "c.yaml").trial_specs()
-    (none,) = parse_grid({**grid, "datasets": ["digits"], "corruptions": {"types": []}}, "c.yaml").trial_specs()
+    (plain,) = parse_grid({**grid, "datasets": ["digits"], **none}, "c.yaml").trial_specs()
     decision = parse_grid({**grid, "datasets": ["digits_imbalanced"]}, "c.yaml").trial_specs()
-    assert may_corrupt(final) and not may_corrupt(none) and not any(map(may_corrupt, decision))
-    assert not may_corrupt(dataclasses.replace(final, phase="search"))
+    (mnist,) = parse_grid({**grid, "datasets": ["mnist"], **none}, "c.yaml").trial_specs()
+    assert needs_torchvision(final) and not needs_torchvision(plain) and not any(map(needs_torchvision, decision))
+    assert not needs_torchvision(dataclasses.replace(final, phase="search"))
+    assert needs_torchvision(mnist) and needs_torchvision(dataclasses.replace(mnist, phase="search"))
+    folder = {"task": "classification", "path": "imgs"}
+    assert file_dataset("f", {**folder, "format": "image_folder"}).torchvision
+    assert not file_dataset("f", {**folder, "format": "npz"}).torchvision
 
 
 @pytest.mark.slow  # a fresh Python process: not in the fast tier
-def test_a_worker_imports_torchvision_only_when_its_trial_may_corrupt_images():
-    """A fresh process (a Ray worker) that warms up and runs a trial without corruption sets never imports
+def test_a_worker_imports_torchvision_only_when_its_trial_may_need_it():
+    """A fresh process (a Ray worker) that warms up and runs a digits trial without corruption sets never imports
     torchvision (about a second of every worker's start, with torch._dynamo); warming up for a trial that may
-    corrupt imports it before anything is timed."""
+    need it imports it before anything is timed."""
     script = """
 import sys, torch
 from ursa_ray.grid import parse_grid
@@ -126,7 +134,7 @@ grid = {"name": "tv", "methods": ["sgd"], "models": [{"name": "mlp", "options": 
 warm_up_worker(pick_device(0), [spec.method])
 run_trial(spec)
 before = "torchvision" in sys.modules
-warm_up_worker(pick_device(0), [spec.method], corruptions=True)
+warm_up_worker(pick_device(0), [spec.method], torchvision=True)
 print(before, "torchvision" in sys.modules)
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

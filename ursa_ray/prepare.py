@@ -64,10 +64,12 @@ def pick_device(n_gpus: float) -> torch.device:
     return torch.device("cpu")
 
 
-def may_corrupt(spec: TrialSpec) -> bool:
-    """Whether ``spec``'s trial may build corruption sets (:func:`corrupted_sets`): a final trial, not the
-    decision task's, with corruption types in its grid; its dataset decides the rest (classification images)."""
-    return spec.phase == "final" and not spec.decision_task and bool(spec.corruptions["types"])
+def needs_torchvision(spec: TrialSpec) -> bool:
+    """Whether ``spec``'s trial may import torchvision: to load its dataset (``DatasetSpec.torchvision``), or to
+    build corruption sets (:func:`corrupted_sets`: a final trial, not the decision task's, with corruption
+    types in its grid; its dataset decides the rest)."""
+    corrupts = spec.phase == "final" and not spec.decision_task and bool(spec.corruptions["types"])
+    return corrupts or data.dataset_spec(spec.dataset, spec.dataset_file).torchvision
 
 
 def corrupted_sets(

@@ -28,7 +28,6 @@ from ursa_ray.evaluation import (
     classification_metrics,
     fidelity,
 )
-from ursa_ray.evaluation import corruptions as corruptions_module
 from ursa_ray.evaluation.predictions import SavedPredictive, reference_prediction_table, validation_temperature
 from ursa_ray.evaluation.probes import calibration, make_probes
 from ursa_ray.evaluation.probes.adversarial import TransferProbe
@@ -74,13 +73,13 @@ def chains_in_turn(method: Method, probe: torch.nn.Module, problem: Problem) -> 
 
 _warmed_up: set[tuple[str, torch.device]] = set()
 """What this process has paid its one-off costs for (:func:`warm_up_worker`): ("", device) for the process
-itself, (method name, device) for each method, (:data:`CORRUPTIONS_WARM_UP`, device) for corrupting images."""
+itself, (method name, device) for each method, (:data:`TORCHVISION_WARM_UP`, device) for torchvision."""
 
-CORRUPTIONS_WARM_UP = "<corruptions>"
-""":data:`_warmed_up`'s name for the corruptions' imports (no method has it: names are identifiers)."""
+TORCHVISION_WARM_UP = "<torchvision>"
+""":data:`_warmed_up`'s name for importing torchvision (no method has it: names are identifiers)."""
 
 
-def warm_up_worker(device: torch.device, method_names: Iterable[str], corruptions: bool = False) -> float:
+def warm_up_worker(device: torch.device, method_names: Iterable[str], torchvision: bool = False) -> float:
     """Pay a worker process's one-off costs before a timed trial of ``method_names``; returns the seconds
     spent (0 when the process has paid them all before).
 
@@ -88,18 +87,18 @@ def warm_up_worker(device: torch.device, method_names: Iterable[str], corruption
     device's context) and the evaluation path (accumulator and scikit-learn metrics).  Each method's
     (:meth:`~ursa_ray.methods.base.Method.warm_up`: compiled kernels, packages it imports lazily) the first
     time the process runs that method, so that a worker that never runs a method never pays for it; with
-    ``corruptions`` (the trial may build corruption sets, :func:`~ursa_ray.prepare.may_corrupt`), the
-    corruptions' torchvision the first time (:func:`ursa_ray.evaluation.corruptions.warm_up`).  The trial
-    runner calls it before every trial and records the time in its own column, ``worker_setup_s``, so that no
-    method's cost depends on whether it ran first in a worker.
+    ``torchvision`` (the trial may import it, :func:`~ursa_ray.prepare.needs_torchvision`), torchvision and its
+    v2 transforms the first time (~1 s with torch._dynamo, which a worker that never needs them skips).  The
+    trial runner calls it before every trial and records the time in its own column, ``worker_setup_s``, so
+    that no method's cost depends on whether it ran first in a worker.
     """
     start = time.perf_counter()
     due = [name for name in ("", *method_names) if (name, device) not in _warmed_up]
-    if corruptions and (CORRUPTIONS_WARM_UP, device) not in _warmed_up:
-        due.append(CORRUPTIONS_WARM_UP)
+    if torchvision and (TORCHVISION_WARM_UP, device) not in _warmed_up:
+        due.append(TORCHVISION_WARM_UP)
     for name in due:
-        if name == CORRUPTIONS_WARM_UP:
-            corruptions_module.warm_up()
+        if name == TORCHVISION_WARM_UP:
+            _warm_up_torchvision()
         elif name:
             methods.get_method(name).warm_up(device)
         else:
@@ -110,6 +109,12 @@ def warm_up_worker(device: torch.device, method_names: Iterable[str], corruption
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
+
+
+def _warm_up_torchvision() -> None:
+    """Import torchvision with the v2 transforms corrupting uses (the package brings its dataset readers, ops and
+    torch._dynamo)."""
+    import torchvision.transforms.v2.functional  # noqa: F401
 
 
 def _warm_up_process(device: torch.device) -> None:

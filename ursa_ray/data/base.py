@@ -92,6 +92,9 @@ class DatasetSpec:
     attack_budget: AttackBudget | None = None
     """The ε its images are attacked at by default (None: a grid that attacks it must give ε, and no set of
     its attacks is the robustness composite's)."""
+    torchvision: bool = False
+    """Whether ``load`` imports torchvision (its dataset readers, ``ImageFolder``): a worker imports it before a
+    trial's timings start (:func:`ursa_ray.trial.warm_up_worker`)."""
 
 
 def data_root(grid_value: str | None) -> Path:

@@ -646,6 +646,7 @@ def file_dataset(name: str, settings: Mapping[str, Any]) -> DatasetSpec:
         load=partial(load_file_dataset, name, dict(settings)),
         ood_sets=tuple(settings.get("ood", {})),
         images=settings.get("layout") not in ("tabular", "sequence"),  # npz without a layout: read off the shape
+        torchvision=settings["format"] == "image_folder",
     )
 
 

@@ -400,6 +400,7 @@ DATASETS = tuple(
         check=partial(_check, c),
         decision_task=c.fraction is not None,
         attack_budget=ATTACK_BUDGETS[_SOURCES[c.source].kind],
+        torchvision=True,
     )
     for c in _CONFIGS
 )

@@ -99,17 +99,11 @@ from torch import Tensor
 
 def _functional() -> ModuleType:
     """torchvision's v2 functional transforms (affine, contrast), imported on first use: a worker whose trials
-    build no corruption set never imports torchvision (~1 s, with torch._dynamo); one whose trials do imports
-    it in :func:`warm_up`, before anything is timed."""
+    build no corruption set never imports torchvision (~1 s, with torch._dynamo); one whose trials may has
+    imported it before anything is timed (:func:`ursa_ray.trial.warm_up_worker`)."""
     import torchvision.transforms.v2.functional as tvf
 
     return tvf
-
-
-def warm_up() -> None:
-    """Import what corrupting images needs (:func:`_functional`); :func:`ursa_ray.trial.warm_up_worker` calls it
-    before the first trial of a worker that builds corruption sets."""
-    _functional()
 
 
 SEVERITIES = (1, 2, 3, 4, 5)

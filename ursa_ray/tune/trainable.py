@@ -116,7 +116,7 @@ def run_ursa_trial(param: dict[str, Any], spec_table: Sequence[bytes] = ()) -> N
     in Ray's object store once for the whole run."""
     import torch
 
-    from ursa_ray.prepare import may_corrupt
+    from ursa_ray.prepare import needs_torchvision
     from ursa_ray.trial import pick_device, warm_up_worker
 
     specs = config_specs(param, tune.get_context().get_trial_id(), spec_table)
@@ -127,7 +127,7 @@ def run_ursa_trial(param: dict[str, Any], spec_table: Sequence[bytes] = ()) -> N
     torch.set_flush_denormal(True)
     # the process's first trial, and its first of this method, warm up before anything is timed
     worker_setup_s = warm_up_worker(
-        pick_device(specs[0].resources["gpu"]), [specs[0].method], corruptions=any(map(may_corrupt, specs))
+        pick_device(specs[0].resources["gpu"]), [specs[0].method], torchvision=any(map(needs_torchvision, specs))
     )
     started_cpu = time.process_time()
 
