@@ -400,7 +400,7 @@ def check_reference_order(probs: np.ndarray, test_labels: np.ndarray) -> None:
         raise ReferenceFileError(
             f"test: its top-1 predictions match the cell's test labels at {agree:,} of {labels.size:,} examples, "
             f"no more than in a random order ({chance:.1%} expected, one-sided binomial p = {p_value:.2g}): "
-            "another example order, or another dataset"
+            "another example order, another dataset, or a predictive no better than chance"
         )
 
 
