@@ -31,7 +31,7 @@ from ursa_ray.search_space import (
     parse_search_settings,
     parse_search_space,
 )
-from ursa_ray.spec import TrialSpec
+from ursa_ray.spec import REFERENCE_LOCATION_KEYS, TrialSpec
 
 if TYPE_CHECKING:
     from ursa_ray.methods.base import Constraint, Hyperparameter
@@ -454,7 +454,9 @@ def trial_id(spec: TrialSpec) -> str:
     if spec.dataset_file is not None:
         identity["dataset_file"] = {k: v for k, v in spec.dataset_file.items() if k not in ("path", "ood")}
     if spec.reference is not None:  # a grid without a reference keeps its trials' ids
-        identity["reference"] = {k: v for k, v in spec.reference.items() if k not in ("file", "dir", "resources")}
+        identity["reference"] = {
+            k: v for k, v in spec.reference.items() if k != "file" and k not in REFERENCE_LOCATION_KEYS
+        }
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"{spec.phase}-{spec.cell_slug}-s{spec.seed}-{digest}"
 
@@ -999,7 +1001,7 @@ def parse_statistics(path: str, raw: Any) -> dict[str, str]:
     return {"interval": interval}
 
 
-REFERENCE_BLOCK_KEYS = ("models", "datasets", "file", "dir", "resources")
+REFERENCE_BLOCK_KEYS = ("models", "datasets", "file", *REFERENCE_LOCATION_KEYS)
 """A ``reference`` block's keys besides the settings of a computed reference (:func:`ursa_ray.reference.declared_settings`)."""
 
 
@@ -1048,7 +1050,7 @@ def _reference_block(
         file = _reference_path(path, f"{where}.file", given["file"])
         settings = {"file": file, "sha256": content_digest([file])}
     else:
-        hmc = {k: v for k, v in given.items() if k not in ("dir", "resources")}
+        hmc = {k: v for k, v in given.items() if k not in REFERENCE_LOCATION_KEYS}
         settings = _check_options(path, where, "reference", declared, hmc)
         if "dir" in given:
             settings["dir"] = _reference_path(path, f"{where}.dir", given["dir"])

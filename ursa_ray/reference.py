@@ -50,7 +50,7 @@ from ursa_ray.evaluation import fidelity
 from ursa_ray.methods import get_method
 from ursa_ray.methods.base import Hyperparameter, resolve_config
 from ursa_ray.results import Location
-from ursa_ray.spec import TrialSpec
+from ursa_ray.spec import REFERENCE_LOCATION_KEYS, TrialSpec
 
 N_DIAGNOSTIC_EXAMPLES = 25
 """Test examples whose per-draw predictive probabilities (all classes) the convergence check monitors."""
@@ -60,9 +60,6 @@ SETTINGS_DEFAULTS: dict[str, Any] = {"method": "hmc", "chains": 4, "n_samples": 
 
 METADATA_KEY = b"ursa_ray.reference"
 
-LOCATION_KEYS = ("dir", "resources")
-"""Settings that say where a computed reference is stored (``dir``) or runs (``resources``: its trial's request,
-each key over the cell's), not what it is: left out of its fingerprint."""
 
 FILE_SUFFIXES = (".parquet", ".csv")
 """The files a ``reference: {file: PATH}`` may be (:func:`read_reference_file`)."""
@@ -106,7 +103,7 @@ def full_batch_bytes(n_train: int, input_size: int, n_params: int, n_chains: int
 def hmc_config(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The HMC configuration of the reference: ``chains`` as ``n_chains``, every other setting except
     ``method``, ``seed`` and the convergence thresholds as the HMC hyperparameter of that name."""
-    own = {"method", "seed", "chains", "rhat_max", "ess_min", *LOCATION_KEYS}
+    own = {"method", "seed", "chains", "rhat_max", "ess_min", *REFERENCE_LOCATION_KEYS}
     given = {k: v for k, v in {**SETTINGS_DEFAULTS, **settings}.items() if k not in own}
     return resolve_config(get_method("hmc"), {**given, "n_chains": int({**SETTINGS_DEFAULTS, **settings}["chains"])})
 
@@ -133,8 +130,9 @@ def fingerprint(spec: TrialSpec, settings: Mapping[str, Any], data_digest: str) 
 
 
 def what_it_is(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` without the keys that say where the reference is stored or runs (:data:`LOCATION_KEYS`)."""
-    return {k: v for k, v in settings.items() if k not in LOCATION_KEYS}
+    """``settings`` without the keys that say where the reference is stored or runs
+    (:data:`~ursa_ray.spec.REFERENCE_LOCATION_KEYS`)."""
+    return {k: v for k, v in settings.items() if k not in REFERENCE_LOCATION_KEYS}
 
 
 def data_digest(ds: Dataset) -> str:

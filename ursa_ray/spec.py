@@ -17,6 +17,11 @@ PHASES = ("search", "final", "reference")
 (the grid's or the search's configuration scored on the test and OOD sets), or a cell's reference posterior
 (:mod:`ursa_ray.reference`)."""
 
+REFERENCE_LOCATION_KEYS = ("dir", "resources")
+"""Settings of a ``reference`` block that say where a computed reference is stored (``dir``) or runs
+(``resources``: its trial's request, each key over the cell's), not what it is: left out of its fingerprint
+and of every trial id."""
+
 
 @dataclass(frozen=True)
 class TrialSpec:
@@ -82,8 +87,8 @@ class TrialSpec:
     """A search trial's validation split, a fraction of the training set; None in the other phases."""
     reference: dict[str, Any] | None = None
     """The settings of the grid's ``reference`` block serving this cell (:class:`ursa_ray.grid.ReferenceBlock`:
-    a computed reference's, with an optional ``dir``; or ``file`` and ``sha256``), on a final classification
-    trial's spec (and its reference's); else None."""
+    a computed reference's, with optional :data:`REFERENCE_LOCATION_KEYS`; or ``file`` and ``sha256``), on a
+    final classification trial's spec (and its reference's); else None."""
     calibrate: str | None = None
     """The method entry's post-hoc calibration, ``temperature`` (:data:`ursa_ray.grid.CALIBRATIONS`), on a final
     classification trial's spec: the trial holds out a validation split of its training set and reports its
