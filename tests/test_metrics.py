@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score
+from sklearn.metrics import accuracy_score, average_precision_score, log_loss, roc_auc_score, roc_curve
 
 from ursa_ray.evaluation import (
     ClassificationPredictive,
@@ -152,6 +152,31 @@ def test_ood_detection_hand_case_and_sklearn() -> None:
     is_ood = np.r_[np.zeros(40), np.ones(30)]
     assert out["ood_auroc_entropy"] == pytest.approx(roc_auc_score(is_ood, np.r_[in_h, ood_h]), abs=1e-12)
     assert out["ood_auroc_mi"] == pytest.approx(roc_auc_score(is_ood, np.r_[in_mi, ood_mi]), abs=1e-12)
+
+
+@pytest.mark.parametrize("decimals", [1, 2, 15])  # scores tied in tens, in few, and all distinct
+def test_detection_metrics_equal_sklearns_with_ties(decimals: int) -> None:
+    # every AUROC, AP and FPR@95 comes from one threshold sweep (metrics._detection_curve); each must equal
+    # the sklearn function it stands for, ties between positives and negatives included
+    rng = np.random.default_rng(decimals)
+    in_h, in_mi = rng.uniform(size=(2, 250)).round(decimals)
+    ood_h, ood_mi = (rng.uniform(size=(2, 150)) + 0.3).round(decimals)
+    out = ood_detection(in_h, in_mi, ood_h, ood_mi)
+    is_ood = np.r_[np.zeros(250), np.ones(150)]
+    for name, score in (("entropy", np.r_[in_h, ood_h]), ("mi", np.r_[in_mi, ood_mi])):
+        fpr, tpr, _ = roc_curve(is_ood, score, drop_intermediate=False)
+        assert out[f"ood_auroc_{name}"] == pytest.approx(roc_auc_score(is_ood, score), abs=1e-12)
+        assert out[f"ood_fpr95_{name}"] == fpr[np.searchsorted(tpr, 0.95)]
+        assert out[f"ood_aupr_out_{name}"] == pytest.approx(average_precision_score(is_ood, score), abs=1e-12)
+        assert out[f"ood_aupr_in_{name}"] == pytest.approx(average_precision_score(1 - is_ood, -score), abs=1e-12)
+    probs, labels = _random_case(n=300, k=3, seed=decimals)
+    probs = probs.round(decimals) + 1e-3
+    probs /= probs.sum(axis=1, keepdims=True)
+    errors, mi = probs.argmax(1) != labels, rng.uniform(size=300).round(decimals)
+    got = misclassification_detection(probs, labels, mi)
+    for name, score in (("maxprob", -probs.max(1)), ("mi", mi)):
+        assert got[f"misclass_auroc_{name}"] == pytest.approx(roc_auc_score(errors, score), abs=1e-12)
+        assert got[f"misclass_aupr_{name}"] == pytest.approx(average_precision_score(errors, score), abs=1e-12)
 
 
 def test_decision_cost_bayes_decision_differs_from_argmax() -> None:

@@ -15,7 +15,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import entr, log_softmax
 from scipy.stats import norm
-from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
+from sklearn.metrics import confusion_matrix_at_thresholds
 
 if TYPE_CHECKING:  # torch only in annotations: the report (analysis/) reads saved tables without importing torch
     from torch import Tensor
@@ -253,16 +253,38 @@ def calibrated_nll(probs: ArrayLike, labels: ArrayLike, smoothing: float = 1e-4)
     return total / (CALIBRATION_SPLITS * len(y)), float(np.exp(np.mean(np.log(temperatures))))
 
 
+def _detection_curve(is_positive: ArrayLike, score: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(FPR, TPR, precision) at every distinct threshold of ``score``, highest first, positives those scoring at
+    or above it: one sweep by sklearn's ``confusion_matrix_at_thresholds`` (true and false positives per
+    threshold).  FPR and TPR start at (0, 0) as sklearn's ``roc_curve(drop_intermediate=False)`` does;
+    precision is TP / (TP + FP) at each threshold (no leading point).  Needs both classes present."""
+    _, fps, _, tps, _ = confusion_matrix_at_thresholds(_to_numpy(is_positive), _to_numpy(score))
+    return np.r_[0.0, fps / fps[-1]], np.r_[0.0, tps / tps[-1]], tps / (tps + fps)
+
+
+def _auroc(fpr: np.ndarray, tpr: np.ndarray) -> float:
+    """The trapezoidal area under the ROC curve: sklearn's ``roc_auc_score`` (``auc`` of ``roc_curve``, whose
+    dropped collinear points change no area)."""
+    return float(np.trapezoid(tpr, fpr))
+
+
+def _average_precision(tpr: np.ndarray, precision: np.ndarray) -> float:
+    """AP = Σ_n (R_n − R_{n−1}) P_n over the thresholds, recall R = TPR: sklearn's ``average_precision_score``."""
+    return float(np.sum(np.diff(tpr) * precision))
+
+
 def _auroc_aupr(is_positive: np.ndarray, score: np.ndarray) -> tuple[float, float]:
-    return float(roc_auc_score(is_positive, score)), float(average_precision_score(is_positive, score))
+    fpr, tpr, precision = _detection_curve(is_positive, score)
+    return _auroc(fpr, tpr), _average_precision(tpr, precision)
 
 
 def misclassification_detection(probs: ArrayLike, labels: ArrayLike, mutual_information: ArrayLike) -> dict[str, float]:
     """How well uncertainty scores flag the predictive's own errors (positives = misclassified).
 
     Scores: −max_k p_ik (``maxprob``), the predictive entropy −Σ_k p_ik log p_ik (``entropy``) and the
-    mutual information (``mi``).  Returns AUROC and AUPR (sklearn ``roc_auc_score`` and
-    ``average_precision_score``) for each; all NaN when every prediction is right or every one wrong.
+    mutual information (``mi``).  Returns AUROC and AUPR (sklearn's ``roc_auc_score`` and
+    ``average_precision_score``, from one :func:`_detection_curve`) for each; all NaN when every prediction is
+    right or every one wrong.
     """
     p, y = _checked(probs, labels)
     mi = _to_numpy(mutual_information).astype(np.float64, copy=False)
@@ -280,9 +302,14 @@ def misclassification_detection(probs: ArrayLike, labels: ArrayLike, mutual_info
 
 def fpr_at_95_tpr(is_positive: ArrayLike, score: ArrayLike) -> float:
     """The false-positive rate at the first threshold whose true-positive rate reaches 0.95 (Hendrycks &
-    Gimpel 2017; Liang et al. 2018): FPR at min{t : TPR(t) ≥ 0.95} on sklearn's ``roc_curve`` (every
-    threshold kept), positives those with larger scores."""
-    fpr, tpr, _ = roc_curve(_to_numpy(is_positive), _to_numpy(score), drop_intermediate=False)
+    Gimpel 2017; Liang et al. 2018): FPR at min{t : TPR(t) ≥ 0.95} on the ROC curve with every threshold kept
+    (:func:`_detection_curve`, as sklearn's ``roc_curve(drop_intermediate=False)``), positives those with
+    larger scores."""
+    fpr, tpr, _ = _detection_curve(is_positive, score)
+    return _fpr_at_95_tpr(fpr, tpr)
+
+
+def _fpr_at_95_tpr(fpr: np.ndarray, tpr: np.ndarray) -> float:
     return float(fpr[np.searchsorted(tpr, 0.95, side="left")])
 
 
@@ -292,10 +319,11 @@ def ood_detection(
     """How well an out-of-distribution set (label 1) is told from the in-distribution test set (label 0),
     scored by total predictive entropy (``entropy``) and by mutual information (``mi``).
 
-    Per score: ``ood_auroc_*`` (sklearn ``roc_auc_score``); ``ood_fpr95_*`` (:func:`fpr_at_95_tpr`, OOD
+    Per score: ``ood_auroc_*`` (as sklearn's ``roc_auc_score``); ``ood_fpr95_*`` (:func:`fpr_at_95_tpr`, OOD
     positive); ``ood_aupr_out_*``, the average precision with OOD as the positive class and the score as
-    is, and ``ood_aupr_in_*``, with in-distribution as the positive class and the negated score
-    (sklearn ``average_precision_score``; Hendrycks & Gimpel 2017).
+    is, and ``ood_aupr_in_*``, with in-distribution as the positive class and the negated score (as
+    sklearn's ``average_precision_score``; Hendrycks & Gimpel 2017).  The first three read one
+    :func:`_detection_curve`, the last a second.
     """
     is_ood = np.concatenate([np.zeros(len(in_total_entropy)), np.ones(len(ood_total_entropy))])
     entropy = np.concatenate([_to_numpy(in_total_entropy), _to_numpy(ood_total_entropy)])
@@ -304,10 +332,12 @@ def ood_detection(
         raise ValueError("entropy and mutual information arrays must have matching lengths")
     out: dict[str, float] = {}
     for name, score in (("entropy", entropy), ("mi", mi)):
-        out[f"ood_auroc_{name}"] = float(roc_auc_score(is_ood, score))
-        out[f"ood_fpr95_{name}"] = fpr_at_95_tpr(is_ood, score)
-        out[f"ood_aupr_out_{name}"] = float(average_precision_score(is_ood, score))
-        out[f"ood_aupr_in_{name}"] = float(average_precision_score(1 - is_ood, -score))
+        fpr, tpr, precision = _detection_curve(is_ood, score)
+        out[f"ood_auroc_{name}"] = _auroc(fpr, tpr)
+        out[f"ood_fpr95_{name}"] = _fpr_at_95_tpr(fpr, tpr)
+        out[f"ood_aupr_out_{name}"] = _average_precision(tpr, precision)
+        _, tpr_in, precision_in = _detection_curve(1 - is_ood, -score)
+        out[f"ood_aupr_in_{name}"] = _average_precision(tpr_in, precision_in)
     return out
 
 
