@@ -390,7 +390,7 @@ def main() -> None:
     if args.tune_scheduler:
         from ray.tune.schedulers import FIFOScheduler
 
-        trials_module.LiveFIFOScheduler = FIFOScheduler  # type: ignore[misc]
+        trials_module.QueueOrderScheduler = FIFOScheduler  # type: ignore[misc]
     connect(None)
     try:
         for name, figure in FIGURES.items():

@@ -23,7 +23,7 @@ PRIVATE_FUNCTIONS = [  # (module, attribute path, parameters ursa-ray passes) --
         "OptunaSearch.add_evaluated_point",
         ["self", "parameters", "value", "pruned", "intermediate_values"],
     ),
-    ("ray.tune.schedulers", "FIFOScheduler.choose_trial_to_run", ["self", "tune_controller"]),  # LiveFIFOScheduler
+    ("ray.tune.schedulers", "FIFOScheduler.choose_trial_to_run", ["self", "tune_controller"]),  # QueueOrderScheduler
     ("ray.tune.schedulers", "FIFOScheduler.on_trial_add", ["self", "tune_controller", "trial"]),
     ("ray.tune.search.basic_variant", "BasicVariantGenerator.__init__", ["self", "random_state", "max_concurrent"]),
     ("ray.tune.execution.tune_controller", "TuneController.save_to_dir", ["self"]),  # benchmarks/bench_driver.py

@@ -145,11 +145,12 @@ def test_live_fifo_scheduler_chooses_as_tunes_fifo_without_keeping_finished_tria
     from ray.tune.experiment import Trial
     from ray.tune.schedulers import FIFOScheduler
 
-    from ursa_ray.tune.queue import LiveFIFOScheduler
+    from ursa_ray.tune.queue import QueueOrderScheduler
 
     class FakeTrial:
         def __init__(self, status: str):
             self.status = status
+            self.config: dict = {}  # no queue rank (a search trial): first in, first out
 
     class Controller:
         def __init__(self):
@@ -159,7 +160,7 @@ def test_live_fifo_scheduler_chooses_as_tunes_fifo_without_keeping_finished_tria
             return self.trials
 
     rng = random.Random(0)
-    controller, ours, tunes = Controller(), LiveFIFOScheduler(), FIFOScheduler()
+    controller, ours, tunes = Controller(), QueueOrderScheduler(), FIFOScheduler()
     for step in range(3000):
         if rng.random() < 0.3:  # the searcher adds a trial
             trial = FakeTrial(Trial.PENDING)
@@ -179,6 +180,31 @@ def test_live_fifo_scheduler_chooses_as_tunes_fifo_without_keeping_finished_tria
         trial.status = Trial.TERMINATED
     assert ours.choose_trial_to_run(controller) is None
     assert not ours._alive  # finished trials are dropped as they are met: none is kept
+
+
+def test_the_scheduler_starts_the_pending_final_trial_the_queue_ranks_first():
+    """Tune takes final trials from the queue far ahead of the free workers; the next free worker goes to the
+    pending one the queue ranks first (its ``group``), so a transfer source released late still starts next."""
+    from ray.tune.experiment import Trial
+
+    from ursa_ray.tune.queue import QueueOrderScheduler
+
+    class FakeTrial:
+        def __init__(self, group: int):
+            self.status, self.config = Trial.PENDING, {"group": group}
+
+    scheduler = QueueOrderScheduler()
+    trials = [FakeTrial(g) for g in (7, 8, 9)]
+    for trial in trials:
+        scheduler.on_trial_add(None, trial)
+    assert scheduler.choose_trial_to_run(None) is trials[0]
+    source = FakeTrial(3)  # released after the others were taken
+    scheduler.on_trial_add(None, source)
+    assert scheduler.choose_trial_to_run(None) is source
+    source.status = trials[0].status = Trial.RUNNING
+    assert scheduler.choose_trial_to_run(None) is trials[1]
+    trials[1].status, trials[2].status = Trial.PAUSED, Trial.TERMINATED
+    assert scheduler.choose_trial_to_run(None) is trials[1]  # a paused trial only when none is pending
 
 
 def test_the_spec_table_gives_back_each_group_and_reaches_workers_out_of_band():
@@ -220,3 +246,30 @@ def test_cells_without_a_reference_run_beside_it_rather_than_behind_a_waiting_tr
     assert queue.suggest("t3") is None  # the digits cell waits for its reference
     queue.on_trial_complete("t0")
     assert [_specs(queue, queue.suggest("t3"))[0].dataset] == ["digits"]
+
+
+def test_a_served_cells_transfer_source_goes_first_once_its_reference_is_complete(tmp_path):
+    """Once the reference is complete, its cell's transfer source is handed out before the other cells' trials
+    still queued, so that the source's dependants are ready before those run out (a group that waits is passed
+    over, never holds back the ones behind it)."""
+    raw = {
+        "name": "r",
+        "methods": ["sgd", "mc_dropout", "swag"],
+        "models": [{"name": "mlp", "options": {"widths": [8]}}],
+        "datasets": ["digits", "digits_imbalanced"],
+        "seeds": 1,
+        "reference": [{"datasets": ["digits"], "chains": 2, "n_samples": 4, "burn_in": 2}],
+    }
+    queue = SpecQueue(seed_groups(parse_grid(raw, "r.yaml").trial_specs()), str(tmp_path))
+    assert _specs(queue, queue.suggest("t0"))[0].phase == "reference"
+    assert _specs(queue, queue.suggest("t1"))[0].dataset == "digits_imbalanced"
+    queue.on_trial_complete("t0")
+    source = _specs(queue, queue.suggest("t2"))[0]
+    assert (source.method, source.dataset, source.transfer_source) == ("sgd", "digits", True)
+    rest = [_specs(queue, queue.suggest(f"t{i}"))[0] for i in (3, 4)]
+    assert {s.dataset for s in rest} == {"digits_imbalanced"}
+    assert queue.suggest("t5") is None  # the digits cell's other trials wait for its source
+    queue.on_trial_complete("t2")
+    released = [_specs(queue, queue.suggest(f"t{i}"))[0] for i in (5, 6)]
+    assert {(s.method, s.dataset) for s in released} == {("mc_dropout", "digits"), ("swag", "digits")}
+    assert queue.suggest("t7") == Searcher.FINISHED

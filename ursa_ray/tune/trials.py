@@ -28,7 +28,7 @@ from ursa_ray.spec import TrialSpec
 from ursa_ray.tune.callback import ResultsCallback, RunSummary
 from ursa_ray.tune.interrupt import Interrupt, RunStopper
 from ursa_ray.tune.progress import Echo
-from ursa_ray.tune.queue import LiveFIFOScheduler, SpecQueue, seed_groups
+from ursa_ray.tune.queue import QueueOrderScheduler, SpecQueue, seed_groups
 from ursa_ray.tune.trainable import placement, run_ursa_trial, trial_folder_name
 
 
@@ -53,7 +53,7 @@ def run_trials(
 
     What Tune does in the driver per trial does not grow with the trials run so far (docs/performance.md, "The
     driver on large grids"): the final phase's trials come from :class:`SpecQueue` and are chosen by
-    :class:`LiveFIFOScheduler`, and Tune snapshots its experiment state every 10 minutes
+    :class:`QueueOrderScheduler`, and Tune snapshots its experiment state every 10 minutes
     (``TUNE_GLOBAL_CHECKPOINT_S``, set in :mod:`ursa_ray.tune`), not every 10 s."""
     stopper = RunStopper(interrupt or Interrupt(), echo, budget)
     trainable: Any = run_ursa_trial
@@ -69,7 +69,7 @@ def run_trials(
             num_samples=len(spec_table),
             reuse_actors=True,
             max_concurrent_trials=grid.max_concurrent_trials,
-            scheduler=LiveFIFOScheduler(),
+            scheduler=QueueOrderScheduler(),
             trial_dirname_creator=trial_folder_name,
         )
     callback = ResultsCallback(results, summary, echo, len(specs) if final else total, stopper, spec_table)
