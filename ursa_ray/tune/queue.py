@@ -150,7 +150,7 @@ class QueueOrderScheduler(FIFOScheduler):
     The rank matters because Tune takes trials from the queue up to 200 ahead of the free workers: a cell's
     transfer source, released when its reference completes, would otherwise start behind every trial taken
     before it, and once it ran alone at the end the other worker had nothing to run, so Tune stopped it and
-    started a fresh one for the source's dependants (the quickstart with its reference: a 7 s gap and an 8 s
+    started a fresh one for the source's dependants (the quickstart with its reference: a 6.5 s gap and an 8.6 s
     warm-up, gone with this order).
     """
 
