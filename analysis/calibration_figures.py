@@ -125,9 +125,22 @@ def plot_reliability(methods: dict[str, MethodPredictions], title: str, path: Pa
     """One panel per method: bin accuracy (bars) against the diagonal, the gap to each bin's mean confidence
     (red), and the bin counts below (log scale)."""
     rows, columns = _grid(len(methods))
-    fig = plt.figure(figsize=(3.0 * columns, 4.4 * rows), dpi=DPI)
-    # per row of panels: accuracy, counts, and an empty spacer row for the x labels and the next titles
-    grid = fig.add_gridspec(3 * rows, columns, height_ratios=[3, 1, 1.1] * rows, hspace=0.12, wspace=0.3)
+    width, height = 3.0 * columns, 4.4 * rows + 0.8
+    fig = plt.figure(figsize=(width, height), dpi=DPI)
+    # per row of panels: accuracy, counts, and an empty spacer row for the x labels and the next titles;
+    # fixed margins (inches) for the y labels, the title and the last row's x labels: the figure is drawn once
+    # (``bbox_inches="tight"`` draws it twice: 3.4 s against 2.4 s with 17 methods)
+    grid = fig.add_gridspec(
+        3 * rows,
+        columns,
+        height_ratios=[3, 1, 1.1] * rows,
+        hspace=0.12,
+        wspace=0.3,
+        left=0.75 / width,
+        right=1 - 0.15 / width,
+        top=1 - 1.0 / height,
+        bottom=0,
+    )
     for i, (method, predictions) in enumerate(methods.items()):
         row, column = divmod(i, columns)
         bins, ece = reliability_summary(predictions.bins)
@@ -159,9 +172,9 @@ def plot_reliability(methods: dict[str, MethodPredictions], title: str, path: Pa
             bottom.set_ylabel("count")
         if i == 0:
             top.legend(loc="upper left", fontsize="small")
-    fig.suptitle(f"Reliability, {title} (seeds pooled, {N_BINS} bins)")
+    fig.suptitle(f"Reliability, {title} (seeds pooled, {N_BINS} bins)", y=1 - 0.2 / height)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, bbox_inches="tight")
+    fig.savefig(path)
     plt.close(fig)
     return path
 

@@ -18,10 +18,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.composites import COMPOSITES, TRAINING_COSTS  # noqa: E402
+from analysis.composites import calibrated_variant  # noqa: E402
+from analysis.pareto import plot_pareto  # noqa: E402
 from analysis.tables import markdown_table  # noqa: E402
 
 HOUR = 3600.0
+COMPUTE_LABEL = "search + inference CPU-hours (reserved) of the method"
 
 
 def cost_table(trials: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
@@ -112,10 +114,19 @@ def cost_markdown(
     if curves:
         figures.append(_plot_anytime(curves, figures_dir / "search_anytime.png"))
     if not scores.empty:
-        classification = trials[trials["task"] == "classification"]
-        per_method = classification.groupby("method")["reserved_cpu_s"].sum() / HOUR
-        figures.append(_plot_pareto(scores, per_method, figures_dir / "pareto_compute.png"))
+        compute = compute_hours(trials, scores.index)
+        figures.append(plot_pareto(scores, compute, COMPUTE_LABEL, figures_dir / "pareto_compute.png"))
     return "\n".join(text), figures
+
+
+def compute_hours(trials: pd.DataFrame, methods: pd.Index) -> pd.Series:
+    """Per method of ``methods`` (the composite table's labels): the reserved CPU-hours of its classification
+    trials of both phases.  A calibrated variant (``METHOD@calibrated``) is its method's trials, so it costs
+    what they did; a method without trials gets NaN."""
+    classification = trials[trials["task"] == "classification"]
+    per_method = classification.groupby("method")["reserved_cpu_s"].sum() / HOUR
+    of_method = methods.str.removesuffix(calibrated_variant(""))
+    return pd.Series(per_method.reindex(of_method).to_numpy(), index=methods)
 
 
 def _plot_anytime(curves: dict[str, pd.DataFrame], path: Path) -> Path:
@@ -129,31 +140,6 @@ def _plot_anytime(curves: dict[str, pd.DataFrame], path: Path) -> Path:
     ax.set_ylabel(f"best {metric} so far")
     ax.set_title("Hyperparameter search: anytime performance")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _plot_pareto(scores: pd.DataFrame, compute: pd.Series, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    names = [c for c in COMPOSITES if c in scores.columns and c not in TRAINING_COSTS]
-    columns = min(3, len(names))
-    rows = -(-len(names) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.8 * rows), squeeze=False)
-    for ax in axes.flat[len(names) :]:
-        ax.axis("off")
-    for ax, name in zip(axes.flat, names):
-        x = compute.reindex(scores.index)
-        ax.scatter(x, scores[name])
-        for method in scores.index:
-            ax.annotate(
-                method, (x[method], scores.loc[method, name]), fontsize=7, xytext=(3, 3), textcoords="offset points"
-            )
-        ax.set_xscale("log")
-        ax.set_xlabel("search + inference CPU-hours (log)")
-        ax.set_ylabel(name)
-    fig.suptitle("Composite scores against total compute")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -12,6 +12,9 @@ A method is *Pareto-optimal* on (cost, quality) when no other method is at most 
 good, and strictly cheaper or strictly better.  So methods with identical cost and quality are optimal
 together, and of two equally costly methods only the better is optimal.  A method missing either value is
 left out of that pair's front and named beside it.
+
+:func:`plot_pareto` draws any cost against the quality composites: the cost report
+(:mod:`analysis.cost`) draws them against each method's search + inference CPU-hours.
 """
 
 from __future__ import annotations
@@ -109,19 +112,21 @@ def draw_front(ax: plt.Axes, cost: pd.Series, quality: pd.Series, higher_is_bett
             )
     if not points.empty and (points["cost"] > 0).all():  # a log axis needs positive costs
         ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no crowded labels
+        if points["cost"].max() >= 10 * points["cost"].min():  # decades only: no crowded labels
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.margins(x=0.15, y=0.1)  # room for the labels of the outermost points
     if not higher_is_better:
         ax.invert_yaxis()
     ax.set_title(title, fontsize=8)
-    ax.tick_params(labelsize=6)
+    ax.tick_params(which="both", labelsize=6)
     lacking = sorted((set(cost.index) | set(quality.index)) - set(points.index))
     if lacking:
         ax.set_xlabel(f"no value: {', '.join(lacking)}", fontsize=6)
 
 
-def plot_pareto(scores: pd.DataFrame, cost_axis: str, path: Path) -> Path:
-    """A grid of small panels (:func:`draw_front`), one per quality composite against ``cost_axis``."""
+def plot_pareto(scores: pd.DataFrame, cost: pd.Series, label: str, path: Path) -> Path:
+    """A grid of small panels (:func:`draw_front`), one per quality composite of ``scores`` against ``cost``
+    (indexed by method, lower is better; ``label`` names it on the x-axis)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     names = quality_composites(scores)
     direction = better_direction()
@@ -132,8 +137,7 @@ def plot_pareto(scores: pd.DataFrame, cost_axis: str, path: Path) -> Path:
         ax.axis("off")
     for ax, name in zip(axes.flat, names):
         higher = direction[name] == "higher"
-        draw_front(ax, scores[cost_axis], scores[name], higher, f"{name} ({direction[name]} is better)")
-    label = COST_AXES[cost_axis][0]
+        draw_front(ax, cost, scores[name], higher, f"{name} ({direction[name]} is better)")
     fig.supxlabel(f"{label} (log scale)", fontsize=9)
     fig.suptitle(
         f"Quality against {label}: Pareto-optimal methods filled and joined by the front\n"
@@ -170,5 +174,5 @@ def pareto_markdown(scores: pd.DataFrame, figures_dir: Path) -> tuple[str, list[
             .rename(columns={"front": "Pareto-optimal, cheapest first", "no_value": "left out (no value)"})
         )
         text += ["", f"### Against {label}", "", markdown_table(table)]
-        figures.append(plot_pareto(scores, axis, figures_dir / file_name))
+        figures.append(plot_pareto(scores, scores[axis], label, figures_dir / file_name))
     return "\n".join(text), figures

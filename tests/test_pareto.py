@@ -3,9 +3,12 @@ lower-is-better composite, missing values) and the report section on a small syn
 
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import pandas as pd
+import pytest
 
-from analysis.pareto import pareto_front, pareto_fronts, pareto_markdown, quality_composites
+from analysis.cost import compute_hours
+from analysis.pareto import draw_front, pareto_front, pareto_fronts, pareto_markdown, quality_composites
 from analysis.report import write_report
 from ursa_ray.results import ResultsDirectory
 
@@ -33,6 +36,31 @@ def test_equal_cost_ties_come_by_label_and_one_method_is_its_own_front():
     assert pareto_front(cost, pd.Series({"y": 0.2, "x": 0.2}), higher_is_better=False) == ["x", "y"]
     assert pareto_front(cost, pd.Series({"x": 0.3, "y": 0.2}), higher_is_better=False) == ["y"]
     assert pareto_front(cost[["x"]], pd.Series({"x": 0.3}), higher_is_better=True) == ["x"]
+
+
+@pytest.mark.parametrize(("costs", "minor_labels"), [((2e-3, 3e-3, 5e-3), True), ((0.2, 3.0, 40.0), False)])
+def test_a_log_cost_axis_within_a_decade_labels_its_minor_ticks(costs, minor_labels):
+    # within one decade there is no major tick to label: the minor ticks carry the values (2x10^-3, ...)
+    fig, ax = plt.subplots()
+    cost = pd.Series(costs, index=["a", "b", "c"])
+    draw_front(ax, cost, pd.Series([0.5, 0.6, 0.7], index=cost.index), True, "accuracy")
+    fig.canvas.draw()
+    assert any(label.get_text() for label in ax.xaxis.get_minorticklabels()) is minor_labels
+    plt.close(fig)
+
+
+def test_compute_hours_per_method_and_its_calibrated_variant():
+    trials = pd.DataFrame(
+        {
+            "method": ["sgd_ts", "sgd_ts", "hmc", "reference", "bd"],
+            "task": ["classification"] * 4 + ["regression"],
+            "reserved_cpu_s": [1800.0, 3600.0, 7200.0, 9000.0, 100.0],
+        }
+    )
+    labels = pd.Index(["sgd_ts", "sgd_ts@calibrated", "hmc", "bd"])
+    hours = compute_hours(trials, labels)
+    assert hours[["sgd_ts", "sgd_ts@calibrated", "hmc"]].tolist() == [1.5, 1.5, 2.0]
+    assert pd.isna(hours["bd"]) and list(hours.index) == list(labels)  # regression trials are not counted
 
 
 def test_a_method_missing_a_value_is_left_out_and_named():
