@@ -1,8 +1,9 @@
 """Compute-cost report: hyperparameter search + inference, per method and cell.
 
-Every trial of both phases counts, whatever its status (ok, early_stopped, failed).  Reserved compute is
-the resources a trial requested × its wall time from start to finish as seen by the driver (worker
-start-up and data loading included): ``reserved_cpu_s`` and ``reserved_gpu_s`` in trials.parquet.
+Every trial of every phase (search, final and a reference posterior's) counts, whatever its status (ok,
+early_stopped, failed).  Reserved compute is the resources a trial requested × its wall time from start to
+finish as seen by the driver (worker start-up and data loading included): ``reserved_cpu_s`` and
+``reserved_gpu_s`` in trials.parquet.
 Totals here are plain sums of those rows, so they can be checked against trials.parquet directly.
 """
 
@@ -28,7 +29,8 @@ COMPUTE_LABEL = "search + inference CPU-hours (reserved) of the method"
 
 def cost_table(trials: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
     """Per (method, cell): search, final and total reserved CPU-hours and GPU-hours, trial counts, and the
-    final phase's mean seconds per posterior sample and per test prediction."""
+    final phase's mean seconds per posterior sample and per test prediction.  With reference posteriors
+    (phase ``reference``, method ``reference``) also the reference phase's trials and hours, in the totals."""
     if trials.empty:
         return pd.DataFrame()
     frame = trials.assign(cell_name=trials["cell"].str.split("/", n=1).str[1])
@@ -43,12 +45,13 @@ def cost_table(trials: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
         index=["method", "cell_name"], columns="phase", values="trial_id", aggfunc="count", fill_value=0
     )
     out = pd.DataFrame(index=sums.index)
-    for phase in ("search", "final"):
+    phases = ["search", "final", *(["reference"] if "reference" in counts else [])]
+    for phase in phases:
         out[f"{phase}_trials"] = counts[phase] if phase in counts else 0
         out[f"{phase}_cpu_h"] = sums[("reserved_cpu_s", phase)] / HOUR if ("reserved_cpu_s", phase) in sums else 0.0
         out[f"{phase}_gpu_h"] = sums[("reserved_gpu_s", phase)] / HOUR if ("reserved_gpu_s", phase) in sums else 0.0
-    out["total_cpu_h"] = out["search_cpu_h"] + out["final_cpu_h"]
-    out["total_gpu_h"] = out["search_gpu_h"] + out["final_gpu_h"]
+    out["total_cpu_h"] = sum(out[f"{phase}_cpu_h"] for phase in phases)
+    out["total_gpu_h"] = sum(out[f"{phase}_gpu_h"] for phase in phases)
     if not metrics.empty:
         final = metrics[(metrics["phase"] == "final") & (metrics["eval_set"] == "cost")]
         trial_cell = frame.set_index("trial_id")["cell_name"]
@@ -101,13 +104,13 @@ def cost_markdown(
     table = cost_table(trials, metrics)
     if table.empty:
         return "no trials", []
-    totals = table[["search_cpu_h", "final_cpu_h", "total_cpu_h", "search_gpu_h", "final_gpu_h", "total_gpu_h"]].sum()
+    totals = table[[c for c in table if c.endswith("_cpu_h")] + [c for c in table if c.endswith("_gpu_h")]].sum()
     text = [
         markdown_table(table, digits=4),
         "",
         "All cells: "
         + ", ".join(f"{k} = {v:.4f}" for k, v in totals.items())
-        + " (reserved resources × wall time; every trial of both phases counted, whatever its status).",
+        + " (reserved resources × wall time; every trial of every phase counted, whatever its status).",
     ]
     figures = []
     curves = anytime_curves(trials)
@@ -121,7 +124,7 @@ def cost_markdown(
 
 def compute_hours(trials: pd.DataFrame, methods: pd.Index) -> pd.Series:
     """Per method of ``methods`` (the composite table's labels): the reserved CPU-hours of its classification
-    trials of both phases.  A calibrated variant (``METHOD@calibrated``) is its method's trials, so it costs
+    trials of the search and final phases.  A calibrated variant (``METHOD@calibrated``) is its method's trials, so it costs
     what they did; a method without trials gets NaN."""
     classification = trials[trials["task"] == "classification"]
     per_method = classification.groupby("method")["reserved_cpu_s"].sum() / HOUR

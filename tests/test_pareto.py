@@ -7,7 +7,6 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from analysis.cost import compute_hours
 from analysis.pareto import draw_front, pareto_front, pareto_fronts, pareto_markdown, quality_composites
 from analysis.report import write_report
 from ursa_ray.results import ResultsDirectory
@@ -47,20 +46,6 @@ def test_a_log_cost_axis_within_a_decade_labels_its_minor_ticks(costs, minor_lab
     fig.canvas.draw()
     assert any(label.get_text() for label in ax.xaxis.get_minorticklabels()) is minor_labels
     plt.close(fig)
-
-
-def test_compute_hours_per_method_and_its_calibrated_variant():
-    trials = pd.DataFrame(
-        {
-            "method": ["sgd_ts", "sgd_ts", "hmc", "reference", "bd"],
-            "task": ["classification"] * 4 + ["regression"],
-            "reserved_cpu_s": [1800.0, 3600.0, 7200.0, 9000.0, 100.0],
-        }
-    )
-    labels = pd.Index(["sgd_ts", "sgd_ts@calibrated", "hmc", "bd"])
-    hours = compute_hours(trials, labels)
-    assert hours[["sgd_ts", "sgd_ts@calibrated", "hmc"]].tolist() == [1.5, 1.5, 2.0]
-    assert pd.isna(hours["bd"]) and list(hours.index) == list(labels)  # regression trials are not counted
 
 
 def test_a_method_missing_a_value_is_left_out_and_named():

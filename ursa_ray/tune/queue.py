@@ -85,10 +85,10 @@ class SpecQueue(Searcher):
         self._waits_for = [0] * len(self._groups)  # per group: how many unfinished sources it waits for
         self._ready: list[int] = []  # a heap of the indices of the groups ready to be handed out
         for index, group in enumerate(self._groups):
-            needs = {s.transfer_from for s in group} | {s.reference_from for s in group}
-            for source in needs & sources:
+            needs = ({s.transfer_from for s in group} | {s.reference_from for s in group}) & sources
+            for source in needs:
                 self._dependants.setdefault(source, []).append(index)
-            self._waits_for[index] = len(needs & sources)
+            self._waits_for[index] = len(needs)
             if not self._waits_for[index]:
                 self._ready.append(index)  # ascending: already a heap
         self._running: dict[str, list[str]] = {}  # Tune trial id -> its specs' trial ids
