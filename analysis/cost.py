@@ -124,8 +124,8 @@ def cost_markdown(
 
 def compute_hours(trials: pd.DataFrame, methods: pd.Index) -> pd.Series:
     """Per method of ``methods`` (the composite table's labels): the reserved CPU-hours of its classification
-    trials of the search and final phases.  A calibrated variant (``METHOD@calibrated``) is its method's trials, so it costs
-    what they did; a method without trials gets NaN."""
+    trials of the search and final phases.  A calibrated variant (``METHOD@calibrated``) is its method's
+    trials, so it costs what they did; a method without trials gets NaN."""
     classification = trials[trials["task"] == "classification"]
     per_method = classification.groupby("method")["reserved_cpu_s"].sum() / HOUR
     of_method = methods.str.removesuffix(calibrated_variant(""))
