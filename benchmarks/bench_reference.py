@@ -7,6 +7,9 @@
   evaluation the quickstart asks for: OOD sets, corruptions, attacks, bit depths).
 * **4 chains ÷ 1 chain**: HMC's stream alone (training, no evaluation) with ``n_chains`` 4 against 1, the
   same per-chain settings (issue 29's target: ≤ 2).
+* **4 chains' potential ÷ 1 chain's**: 200 evaluations of the full-batch potential and its gradient, the four
+  chains' ``vmap``'d (:func:`~ursa_ray.methods.hmc.stacked_potential`, HMC's path for a small network) and
+  looped one chain after another (:func:`~ursa_ray.methods.hmc.looped_potential`), against one chain's.
 
 The cell is the quickstart's digits cell (``grids/quickstart.yaml``: MLP 64-200-200-10, OOD sets
 digits_inverted, digits_rotated and noise; SGD lr 0.05, 20 epochs, batch 64, its corruptions and attacks).
@@ -32,7 +35,9 @@ import yaml
 
 from ursa_ray.grid import parse_grid
 from ursa_ray.methods import get_method
-from ursa_ray.methods.base import resolve_config
+from ursa_ray.methods.base import flat_parameters, resolve_config
+from ursa_ray.methods.batched import StackedNetworks
+from ursa_ray.methods.hmc import looped_potential, stacked_potential
 from ursa_ray.reference import reference_spec
 from ursa_ray.spec import TrialSpec
 from ursa_ray.trial import TrialRun, compute_reference, run_trial
@@ -76,6 +81,27 @@ def hmc_stream(
     return work
 
 
+def potential_evaluations(
+    spec: TrialSpec, n_chains: int, vmapped: bool, prior_std: float, evaluations: int = 200
+) -> Callable[[], None]:
+    """``evaluations`` evaluations of ``n_chains`` chains' HMC potential on ``spec``'s cell (each chain its own
+    network), ``vmapped`` as one batched computation or looped one chain after another."""
+    problem = TrialRun(spec).problem
+    models = [problem.make_model() for _ in range(n_chains)]
+    theta = torch.stack([flat_parameters(m) for m in models])
+    copies = [problem] * n_chains
+    if vmapped:
+        potential = stacked_potential(StackedNetworks(models), copies, prior_std, 1.0)
+    else:
+        potential = looped_potential(copies, models, prior_std, 1.0)
+
+    def work() -> None:
+        for _ in range(evaluations):
+            potential(theta)
+
+    return work
+
+
 def best(runs: list[tuple[float, float]]) -> tuple[float, float]:
     return min(w for w, _ in runs), min(c for _, c in runs)
 
@@ -94,6 +120,9 @@ def main() -> None:
         "reference": lambda: compute_reference(spec, args.reference),
         "hmc 1 chain": hmc_stream(spec, 1, args.chains_settings),
         "hmc 4 chains": hmc_stream(spec, 4, args.chains_settings),
+        "potential 1": potential_evaluations(spec, 1, False, args.chains_settings["prior_std"]),
+        "potential 4 vmap": potential_evaluations(spec, 4, True, args.chains_settings["prior_std"]),
+        "potential 4 loop": potential_evaluations(spec, 4, False, args.chains_settings["prior_std"]),
     }
     short = {**args.reference, "n_samples": 4, "burn_in": 2}
     warm_ups = {**variants, "reference": lambda: compute_reference(spec, short)}
@@ -109,8 +138,14 @@ def main() -> None:
     )
     for name, runs in times.items():
         wall, cpu = best(runs)
-        print(f"{name:>14}: wall {wall:7.2f} s   cpu {cpu:7.2f} s   (every repeat: {[round(w, 2) for w, _ in runs]})")
-    for top, bottom in (("reference", "sgd trial"), ("hmc 4 chains", "hmc 1 chain")):
+        print(f"{name:>16}: wall {wall:7.2f} s   cpu {cpu:7.2f} s   (every repeat: {[round(w, 2) for w, _ in runs]})")
+    ratios = (
+        ("reference", "sgd trial"),
+        ("hmc 4 chains", "hmc 1 chain"),
+        ("potential 4 vmap", "potential 1"),
+        ("potential 4 loop", "potential 1"),
+    )
+    for top, bottom in ratios:
         (wall_top, cpu_top), (wall_bottom, cpu_bottom) = best(times[top]), best(times[bottom])
         print(f"{top} / {bottom}: wall {wall_top / wall_bottom:.2f}x   cpu {cpu_top / cpu_bottom:.2f}x")
 
