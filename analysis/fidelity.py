@@ -144,4 +144,19 @@ def fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame, figures_dir: 
                 "default); these figures are measured against an unconverged reference.**"
             )
         parts.append(markdown_table(shown.sort_values("TV") if "TV" in shown.columns else shown))
+        parts += reference_cost_lines(trials, model, dataset)
     return "\n\n".join(parts), [plot_fidelity_cost(frame, figures_dir / "fidelity_cost.png")]
+
+
+def reference_cost_lines(trials: pd.DataFrame, model: str, dataset: str) -> list[str]:
+    """What the cell's reference cost, from its finished reference trial in these results (the cost report's
+    ``reference`` row also counts failed attempts); none when the reference came from a file or from a store
+    that another run filled."""
+    computed = (trials["phase"] == "reference") & (trials["status"] == "ok")
+    rows = trials[computed & (trials["model"] == model) & (trials["dataset"] == dataset)]
+    return [
+        f"Cost of the reference (trial `{row.trial_id}`): {row.wall_s:.1f} s on {row.n_cpus:g} CPU(s)"
+        + (f" and {row.n_gpus:g} GPU(s)" if row.n_gpus else "")
+        + f", {row.reserved_cpu_s / 3600:.4f} reserved CPU-hours, {row.grad_evals:,.0f} full-batch gradients."
+        for row in rows.itertuples()
+    ]

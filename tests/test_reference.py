@@ -219,6 +219,10 @@ def test_a_run_computes_each_cells_reference_first_and_scores_every_final_trial_
     section = report.split("## Fidelity to the reference posterior")[1]
     assert "### mlp / digits" in section and "**Warning: the reference did not pass" in section
     assert "noise floor TV" in section and "ref R̂ max" in section and "| sgd |" in section
+    grad_evals = int(ref.grad_evals.iloc[0])  # 2 chains × (1 + 30 × 5) and the step-size search's
+    assert grad_evals >= 2 * (1 + 30 * 5)
+    assert f"Cost of the reference (trial `{ref.trial_id.iloc[0]}`): " in section
+    assert f"{ref.reserved_cpu_s.iloc[0] / 3600:.4f} reserved CPU-hours, {grad_evals:,} full-batch gradients" in section
     assert "![fidelity_cost](figures/fidelity_cost.png)" in section and (out / "figures" / "fidelity_cost.png").exists()
     assert "rank_fidelity" in report.split("## Composite scores")[1].split("\n## ")[0]
 
