@@ -24,47 +24,58 @@ averages those cell means with equal weight:
 - ``ood_auroc``: OOD-detection AUROC scored by knowledge uncertainty (mutual information, URSABench's
   score) over in-domain (cell, OOD set) pairs.  A single-sample method (SGD, SWA) has zero mutual
   information everywhere, so all its scores tie and its ``ood_auroc`` is exactly 0.5;
-- ``ood_auroc_entropy``: the same scored by total predictive entropy (reported, not ranked);
 - ``ood_fpr95``: the in-distribution share flagged at the threshold that flags 95% of the OOD set, scored
   by mutual information like ``ood_auroc`` (``ood_fpr95_mi``), the same pairs (lower; a constant score
   flags every example, so a one-sample method's is 1);
+- ``ood_auroc_entropy``, ``ood_fpr95_entropy``: the same two scored by total predictive entropy, which
+  every method has: ranked beside the MI pair, each score one family of ``rank_ood``, so a method is never
+  ranked at chance because its stored predictive has one sample;
 - ``decision_cost``: mean cost per test example of the Bayes decision over decision-task cells (lower);
 - ``s_per_sample``: training seconds per posterior sample over in-domain cells (lower; not ranked);
 - ``adv_accuracy``: accuracy under white-box PGD at the dataset family's reference ε (MNIST 0.1, CIFAR
   8/255, digits 1/16; the ``adv:pgd_eps…`` set whose ``reference`` metric is 1), in-domain cells;
+- ``transfer_accuracy``: accuracy on the same attack crafted on the SGD network of the same model, dataset
+  and seed (the ``transfer:`` set of that crafted set), in-domain cells;
 - ``corrupt_accuracy``, ``corrupt_ece``: accuracy and ECE on the common-corruption sets
   (``corrupt:TYPE:SEVERITY``: the test set under each corruption type and severity), the mean over
   in-domain cells, types and severities; ``corrupt_accuracy_s3``, ``corrupt_ece_s3`` the same at severity 3
   (reported, not ranked);
 - ``fidelity_tv``, ``fidelity_agreement``: total variation (lower) and top-1 agreement (higher) of the test
   predictive against the cell's reference posterior (``fidelity:test``, docs/fidelity.md), in-domain cells
-  with a reference;
+  with a converged reference (a cell whose reference failed its checks is :data:`NOT_RANKED`: shown in the
+  fidelity section, left out of these composites and so of every rank, test and front);
 - ``train_s``: training seconds of a trial (lower; not ranked: a cost axis of the Pareto fronts);
 - ``flops_per_prediction``: FLOPs of one prediction, all test-time samples (lower), in-domain cells;
 - ``storage_bytes``: bytes of the stored posterior at 32 bits per weight (lower), in-domain cells.
 
 Each composite selects its rows by evaluation-set kind (the ``eval_kind`` column, :mod:`ursa_ray.eval_sets`:
-``in_domain`` for ``test``, ``ood`` for a dataset's OOD sets, ``corruption``, ``adversarial``, ``cost``),
+``in_domain`` for ``test``, ``ood`` for a dataset's OOD sets, ``corruption``, ``adversarial``, ``transfer``,
+``cost``),
 never by testing names: a set of a new kind enters no composite until a composite names its kind.
 
-Rank summary.  Each metric counts once within its principle, however many evaluation sets it has: a
-metric's value in a cell is first averaged over its sets in that cell (the OOD sets for ``ood_auroc``, the
-``corrupt:TYPE:SEVERITY`` sets for the corruption metrics, as the mean corruption error does), and the
-methods are ranked on that value within every cell: 1 = best, ties share the mean rank.  ``rank_P`` is the
-mean over P's metrics of a method's mean rank over the cells of that metric, and ``mean_rank`` is the
-equal-weight mean of the ``rank_P`` it has:
+Rank summary.  Each *family* of metrics (:data:`FAMILIES`; a metric not named there is a family of its own)
+counts once within its principle, however many metrics and evaluation sets it has: a metric's value in a cell
+is first averaged over its sets in that cell (the OOD sets for ``ood_auroc``, the ``corrupt:TYPE:SEVERITY``
+sets for the corruption metrics, as the mean corruption error does), and the methods are ranked on that
+value within every cell: 1 = best, ties share the mean rank.  ``rank_P`` is the mean over P's families of
+the mean over the family's metrics of a method's mean rank over the cells of that metric, and ``mean_rank``
+is the equal-weight mean of the ``rank_P`` it has:
 
     value_{c,m}(method) = mean over sets s of m in cell c of (mean over seeds of m on s)
-    rank_P(method) = mean over m in P of (mean over c in cells(m) of rank of value_{c,m}(method))
+    rank_m(method) = mean over c in cells(m) of rank of value_{c,m}(method)
+    rank_P(method) = mean over families F in P of (mean over m in F of rank_m(method))
     mean_rank(method) = mean over principles P with results of rank_P(method)
 
-So ten corruption types at five severities weigh as much as one adversarial set in ``rank_robustness``.
+So ten corruption types at five severities, scored by accuracy and ECE, weigh as much as one adversarial set
+in ``rank_robustness``, and mutual information and total entropy one half each in ``rank_ood``.
+``mean_rank`` is a summary, not a test: which orders are real is :mod:`analysis.statistics`' business.
 
 The principles: ``accuracy`` (accuracy), ``uncertainty`` (nll, misclass_auroc, eaurc, nll_calibrated),
-``ood`` (ood_auroc, ood_fpr95), ``decision`` (decision_cost), ``robustness`` (adv_accuracy, corrupt_accuracy,
-corrupt_ece), ``fidelity`` (fidelity_tv, fidelity_agreement: how close the predictive is to the posterior
-itself, where the grid asks for a reference) and ``test_time`` (flops_per_prediction, storage_bytes:
-URSABench's test-time scalability).
+``ood`` (families mutual information: ood_auroc, ood_fpr95; total entropy: ood_auroc_entropy,
+ood_fpr95_entropy), ``decision`` (decision_cost), ``robustness`` (families white-box: adv_accuracy;
+transfer: transfer_accuracy; corruptions: corrupt_accuracy, corrupt_ece), ``fidelity`` (fidelity_tv,
+fidelity_agreement: how close the predictive is to the posterior itself, where the grid asks for a
+reference) and ``test_time`` (flops_per_prediction, storage_bytes: URSABench's test-time scalability).
 Adding a metric to a principle changes the weight of that principle's other metrics, never the principle's.
 
 Cells a method lacks (failed, or not run) are left out of its averages, never filled in.  ``cells``
@@ -80,7 +91,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ursa_ray.eval_sets import CALIBRATED, TEST, EvalKind, fidelity, kinds_by_name, parse
+from ursa_ray.eval_sets import (
+    CALIBRATED,
+    TEST,
+    EvalKind,
+    adversarial,
+    crafted_set,
+    fidelity,
+    kinds_by_name,
+    parse,
+    transfer,
+)
 from ursa_ray.results import with_eval_kinds
 
 COMPOSITES: dict[str, tuple[EvalKind, str, bool]] = {
@@ -93,12 +114,14 @@ COMPOSITES: dict[str, tuple[EvalKind, str, bool]] = {
     "ood_auroc": ("ood", "ood_auroc_mi", True),
     "ood_fpr95": ("ood", "ood_fpr95_mi", False),
     "ood_auroc_entropy": ("ood", "ood_auroc_entropy", True),
+    "ood_fpr95_entropy": ("ood", "ood_fpr95_entropy", False),
     "decision_cost": ("in_domain", "decision_cost", False),
     "s_per_sample": ("cost", "s_per_sample", False),
     "train_s": ("cost", "train_s", False),
     "fidelity_tv": ("fidelity", "total_variation", False),  # on fidelity:test only (ON_SET)
     "fidelity_agreement": ("fidelity", "agreement", True),
     "adv_accuracy": ("adversarial", "accuracy", True),  # at the reference ε only (REFERENCE_FLAGGED)
+    "transfer_accuracy": ("transfer", "accuracy", True),  # the same crafted set, from the SGD source
     "corrupt_accuracy": ("corruption", "accuracy", True),
     "corrupt_ece": ("corruption", "ece", False),
     "corrupt_accuracy_s3": ("corruption", "accuracy", True),  # at severity 3 only (AT_SEVERITY)
@@ -110,14 +133,26 @@ PRINCIPLES = {
     # principle: the composites ranked under it
     "accuracy": ("accuracy",),
     "uncertainty": ("nll", "misclass_auroc", "eaurc", "nll_calibrated"),
-    "ood": ("ood_auroc", "ood_fpr95"),
+    "ood": ("ood_auroc", "ood_fpr95", "ood_auroc_entropy", "ood_fpr95_entropy"),
     "decision": ("decision_cost",),
-    "robustness": ("adv_accuracy", "corrupt_accuracy", "corrupt_ece"),
+    "robustness": ("adv_accuracy", "transfer_accuracy", "corrupt_accuracy", "corrupt_ece"),
     "fidelity": ("fidelity_tv", "fidelity_agreement"),
     "test_time": ("flops_per_prediction", "storage_bytes"),
 }
-REFERENCE_FLAGGED = {"adv_accuracy"}
-"""Composites of the one white-box set whose ``reference`` metric is 1 (PGD at the family's reference ε)."""
+FAMILIES = {
+    # composite: its family within its principle (a composite not named here is a family of its own)
+    "ood_auroc": "mutual information",
+    "ood_fpr95": "mutual information",
+    "ood_auroc_entropy": "total entropy",
+    "ood_fpr95_entropy": "total entropy",
+    "corrupt_accuracy": "corruptions",
+    "corrupt_ece": "corruptions",
+}
+"""Within a principle each family weighs once, its composites sharing the weight: OOD detection counts each
+score once, robustness each of white-box attacks, transfer attacks and corruptions once."""
+REFERENCE_FLAGGED = {"adv_accuracy": "adversarial", "transfer_accuracy": "transfer"}
+"""Composites of the one crafted set (``adv:`` or ``transfer:``) that the trial's white-box set with
+``reference`` metric 1 scores (PGD at the dataset family's reference ε)."""
 AT_SEVERITY = {"corrupt_accuracy_s3": 3, "corrupt_ece_s3": 3}
 """Composites of the corruption sets at one severity."""
 TRAINING_COSTS = ("s_per_sample", "train_s")
@@ -125,6 +160,8 @@ TRAINING_COSTS = ("s_per_sample", "train_s")
 ON_SET = {"fidelity_tv": fidelity(TEST), "fidelity_agreement": fidelity(TEST)}
 """Composites of one evaluation set of their kind (the test set's fidelity, not the OOD sets')."""
 CELL_KEYS = ["model", "dataset", "eval_set"]
+NOT_RANKED = "not ranked: reference not converged"
+"""How the report marks the fidelity of a cell whose reference failed its convergence checks."""
 
 
 def final_metrics(metrics: pd.DataFrame, trials: pd.DataFrame, task: str | None = "classification") -> pd.DataFrame:
@@ -173,19 +210,22 @@ def decision_task_datasets(trials: pd.DataFrame) -> set[str]:
 
 def composite_rows(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """The metric rows behind each composite, one per (composite, trial, eval_set), with a ``composite``
-    column: decision-task cells for ``decision_cost``, in-domain cells for every other composite."""
+    column: decision-task cells for ``decision_cost``, in-domain cells for every other composite; fidelity
+    composites leave out the cells whose reference did not converge (:func:`unconverged_cells`)."""
     final = final_metrics(metrics, trials)
     decision = final["dataset"].isin(decision_task_datasets(trials))
+    unconverged = pd.MultiIndex.from_tuples(unconverged_cells(final), names=["model", "dataset"])
+    not_ranked = pd.MultiIndex.from_frame(final[["model", "dataset"]]).isin(unconverged)
     frames = []
     for name, (kind, metric, _) in COMPOSITES.items():
         rows = final[
             (final["metric"] == metric)
             & (final["eval_kind"] == kind)
             & (decision if name == "decision_cost" else ~decision)
+            & ~(not_ranked & (kind == "fidelity"))
         ]
-        if name in REFERENCE_FLAGGED:  # the PGD set at the dataset family's reference ε, flagged by the trial
-            flagged = final.loc[(final["metric"] == "reference") & (final["value"] == 1.0), ["trial_id", "eval_set"]]
-            rows = rows.merge(flagged, on=["trial_id", "eval_set"])
+        if name in REFERENCE_FLAGGED:
+            rows = rows.merge(reference_sets(final, REFERENCE_FLAGGED[name]), on=["trial_id", "eval_set"])
         if name in AT_SEVERITY:
             rows = rows[rows["eval_set"].map(lambda s: parse(s).severity) == AT_SEVERITY[name]]
         if name in ON_SET:
@@ -195,6 +235,37 @@ def composite_rows(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=["composite", *metrics.columns])
     return pd.concat(frames, ignore_index=True)
+
+
+def reference_sets(final: pd.DataFrame, kind: EvalKind) -> pd.DataFrame:
+    """Per trial, the set of ``kind`` (``adversarial`` or ``transfer``) that scores the crafted set of its
+    white-box set flagged ``reference`` = 1 (PGD at the dataset family's reference ε): columns ``trial_id``,
+    ``eval_set``."""
+    flagged = final.loc[(final["metric"] == "reference") & (final["value"] == 1.0), ["trial_id", "eval_set"]]
+    named = adversarial if kind == "adversarial" else transfer
+    flagged = flagged.assign(eval_set=flagged["eval_set"].map(lambda s: named(crafted_set(s))))
+    return flagged.drop_duplicates()
+
+
+def unconverged_cells(final: pd.DataFrame) -> list[tuple[str, str]]:
+    """The (model, dataset) cells of ``final`` (rows with ``eval_kind``) whose reference posterior failed its
+    convergence checks (a fidelity row ``converged`` < 1): their fidelity is shown, never ranked or tested.
+    A reference from file (no chains, no check) is not among them."""
+    failed = final[(final["eval_kind"] == "fidelity") & (final["metric"] == "converged") & (final["value"] < 1)]
+    return sorted(set(zip(failed["model"], failed["dataset"], strict=True)))
+
+
+def not_ranked_note(metrics: pd.DataFrame, trials: pd.DataFrame) -> str:
+    """One sentence naming the cells whose fidelity is :data:`NOT_RANKED` (empty when none)."""
+    cells = unconverged_cells(final_metrics(metrics, trials))
+    if not cells:
+        return ""
+    names = ", ".join(f"{model}/{dataset}" for model, dataset in cells)
+    return (
+        f"Fidelity of {names}: {NOT_RANKED} (left out of fidelity_tv, fidelity_agreement, rank_fidelity, "
+        "mean_rank, the paired tests, the critical-difference diagram and the Pareto fronts; shown in the "
+        "fidelity section)."
+    )
 
 
 def cell_means(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
@@ -229,13 +300,20 @@ def principle_ranks(cells: pd.DataFrame) -> pd.DataFrame:
                 continue
             higher = COMPOSITES[name][2]
             ranked = rows.groupby(["model", "dataset"])["value"].rank(ascending=not higher, method="average")
-            metric_ranks.append(ranked.groupby(rows["method"]).mean())
+            metric_ranks.append(ranked.groupby(rows["method"]).mean().rename(name))
         if metric_ranks:
-            columns[f"rank_{principle}"] = pd.concat(metric_ranks, axis=1).mean(axis=1, skipna=True)
+            columns[f"rank_{principle}"] = family_mean(pd.concat(metric_ranks, axis=1))
     table = pd.DataFrame(columns)
     if not table.empty:
         table["mean_rank"] = table.mean(axis=1, skipna=True)
     return table
+
+
+def family_mean(ranks: pd.DataFrame) -> pd.Series:
+    """Per row of ``ranks`` (columns: composites of one principle): the mean over the :data:`FAMILIES` present
+    of the mean over each family's composites, missing values skipped, so each family weighs once."""
+    families = [FAMILIES.get(name, name) for name in ranks.columns]
+    return ranks.T.groupby(families, sort=False).mean().mean(skipna=True)
 
 
 def cell_counts(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:

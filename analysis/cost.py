@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.composites import calibrated_variant  # noqa: E402
+from analysis.composites import calibrated_variant, not_ranked_note  # noqa: E402
 from analysis.pareto import plot_pareto  # noqa: E402
 from analysis.tables import markdown_table  # noqa: E402
 
@@ -119,6 +119,8 @@ def cost_markdown(
     if not scores.empty:
         compute = compute_hours(trials, scores.index)
         figures.append(plot_pareto(scores, compute, COMPUTE_LABEL, figures_dir / "pareto_compute.png"))
+        not_ranked = not_ranked_note(metrics, trials) if not metrics.empty else ""
+        text += ["", f"Pareto fronts against compute: {not_ranked}"] if not_ranked else []
     return "\n".join(text), figures
 
 

@@ -4,8 +4,10 @@ posterior (multi-chain HMC, docs/fidelity.md), read from ``metrics.parquet`` onl
 One table per (model, dataset) cell, one row per method, means over seeds of the final trials' ``fidelity:test``
 metrics: top-1 agreement, total variation and KL(reference ‖ method); TV averaged over the OOD sets; the
 reference's own noise floor (the same metrics between two halves of its chains) and its checks (largest
-split-R̂, smallest bulk ESS).  A reference that failed its checks gets a warning line above its table; a
-reference from file (``reference_from_file``: no chains, so no checks or noise floor) a line saying so.
+split-R̂, smallest bulk ESS).  A reference that failed its checks gets a warning line above its table
+saying its cell is not ranked (:func:`analysis.composites.unconverged_cells`: left out of every composite,
+rank, test and front) and its panel of the figure no front; a reference from file (``reference_from_file``:
+no chains, so no checks or noise floor) a line saying so.
 
 And a figure per report, ``figures/fidelity_cost.png``: per cell, each method's total variation against its
 training seconds and against its FLOPs per prediction (means over seeds), with the Pareto front
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.composites import final_metrics
+from analysis.composites import NOT_RANKED, final_metrics, unconverged_cells
 from analysis.tables import markdown_table
 from ursa_ray.eval_sets import TEST, fidelity
 
@@ -55,9 +57,10 @@ def fidelity_cost_frame(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataF
     return frame.join(means, how="left")
 
 
-def plot_fidelity_cost(frame: pd.DataFrame, path: Path) -> Path:
+def plot_fidelity_cost(frame: pd.DataFrame, path: Path, not_ranked: frozenset[tuple[str, str]] = frozenset()) -> Path:
     """One row of panels per cell of ``frame`` (:func:`fidelity_cost_frame`): total variation (lower is
-    better, y inverted) against each cost axis, log scale, with the Pareto front."""
+    better, y inverted) against each cost axis, log scale, with the Pareto front; the cells in ``not_ranked``
+    (model, dataset: reference not converged) without a front, marked."""
     import matplotlib.pyplot as plt
 
     from analysis.pareto import draw_front
@@ -69,7 +72,8 @@ def plot_fidelity_cost(frame: pd.DataFrame, path: Path) -> Path:
         cell = cell.droplevel(["model", "dataset"])
         for ax, (axis, label) in zip(row, COST_AXES):
             cost = cell[axis] if axis in cell else pd.Series(float("nan"), index=cell.index)
-            draw_front(ax, cost, cell["total_variation"], False, f"{model} / {dataset}: TV against {label}")
+            title = f"{model} / {dataset}: TV against {label}"
+            draw_front(ax, cost, cell["total_variation"], False, title, ranked=(model, dataset) not in not_ranked)
             ax.set_ylabel("TV to the reference", fontsize=7)
     fig.suptitle(
         "Fidelity against cost: Pareto-optimal methods filled and joined by the front\n"
@@ -123,6 +127,7 @@ def fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame, figures_dir: 
     frame = fidelity_cost_frame(metrics, trials)
     if frame.empty or "total_variation" not in frame:
         return "", []
+    unconverged = frozenset(unconverged_cells(final_metrics(metrics, trials)))
     parts = [
         "Each method's posterior predictive on the test set against its cell's reference posterior (the grid's "
         "`reference`: multi-chain full-batch HMC with the grid's prior and temperature, whatever the method's own "
@@ -138,14 +143,15 @@ def fidelity_markdown(metrics: pd.DataFrame, trials: pd.DataFrame, figures_dir: 
             parts.append(
                 "Reference from file: no convergence check (a file holds no chains: no R̂, ESS or noise floor)."
             )
-        if "converged" in table.columns and (table["converged"] < 1).any():
+        if (model, dataset) in unconverged:
             parts.append(
-                "**Warning: the reference did not pass its convergence checks (R̂ ≤ 1.1 and bulk ESS ≥ 100 by "
-                "default); these figures are measured against an unconverged reference.**"
+                f"**Warning: the reference did not pass its convergence checks (R̂ and bulk ESS, "
+                f"docs/fidelity.md); these figures are measured against an unconverged reference. {NOT_RANKED}: "
+                "shown here only, left out of every rank, test and Pareto front.**"
             )
         parts.append(markdown_table(shown.sort_values("TV") if "TV" in shown.columns else shown))
         parts += reference_cost_lines(trials, model, dataset)
-    return "\n\n".join(parts), [plot_fidelity_cost(frame, figures_dir / "fidelity_cost.png")]
+    return "\n\n".join(parts), [plot_fidelity_cost(frame, figures_dir / "fidelity_cost.png", unconverged)]
 
 
 def reference_cost_lines(trials: pd.DataFrame, model: str, dataset: str) -> list[str]:

@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.composites import COMPOSITES, TRAINING_COSTS, better_direction  # noqa: E402
+from analysis.composites import COMPOSITES, NOT_RANKED, TRAINING_COSTS, better_direction  # noqa: E402
 from analysis.tables import markdown_table  # noqa: E402
 
 COST_AXES = {
@@ -84,13 +84,17 @@ def pareto_fronts(scores: pd.DataFrame) -> pd.DataFrame:
     return table.set_index(["cost", "composite"])
 
 
-def draw_front(ax: plt.Axes, cost: pd.Series, quality: pd.Series, higher_is_better: bool, title: str) -> None:
-    """One panel: ``cost`` (log x-axis where every cost is positive) against ``quality``, one labelled point per method (both indexed by
-    method), the Pareto-optimal ones filled and joined by the front as a step line (extended to the costliest
-    method); a lower-is-better quality is drawn with the y-axis inverted, so up and left is better.  Methods
-    without both values are named under the panel."""
+def draw_front(
+    ax: plt.Axes, cost: pd.Series, quality: pd.Series, higher_is_better: bool, title: str, ranked: bool = True
+) -> None:
+    """One panel: ``cost`` (log x-axis where every cost is positive) against ``quality``, one labelled point per
+    method (both indexed by method), the Pareto-optimal ones filled and joined by the front as a step line
+    (extended to the costliest method); a lower-is-better quality is drawn with the y-axis inverted, so up and
+    left is better.  Methods without both values are named under the panel.  Not ``ranked`` (a reference
+    that did not converge): the points only, no front, the title saying so."""
     points = pd.DataFrame({"cost": cost, "quality": quality}).dropna()
-    front = pareto_front(cost, quality, higher_is_better)
+    front = pareto_front(cost, quality, higher_is_better) if ranked else []
+    title = title if ranked else f"{title}\n({NOT_RANKED})"
     dominated = points.drop(index=front)
     ax.scatter(dominated["cost"], dominated["quality"], s=18, facecolors="none", edgecolors="grey")
     ax.scatter(points.loc[front, "cost"], points.loc[front, "quality"], s=22, color="C0", zorder=3)
@@ -150,11 +154,12 @@ def plot_pareto(scores: pd.DataFrame, cost: pd.Series, label: str, path: Path) -
     return path
 
 
-def pareto_markdown(scores: pd.DataFrame, figures_dir: Path) -> tuple[str, list[Path]]:
+def pareto_markdown(scores: pd.DataFrame, figures_dir: Path, not_ranked: str = "") -> tuple[str, list[Path]]:
     """The Pareto section of report.md (a table per cost axis: each quality composite's Pareto-optimal
     methods, cheapest first) and its figures (``pareto_training.png``, ``pareto_flops.png``,
     ``pareto_storage.png``), one per cost axis with a value; ``("", [])`` without a cost axis or a quality
-    composite."""
+    composite.  ``not_ranked``: the sentence naming cells whose fidelity no front includes
+    (:func:`analysis.composites.not_ranked_note`), said under the first paragraph."""
     axes = {axis: names for axis, names in COST_AXES.items() if axis in scores and scores[axis].notna().any()}
     if not axes or not quality_composites(scores):
         return "", []
@@ -162,6 +167,7 @@ def pareto_markdown(scores: pd.DataFrame, figures_dir: Path) -> tuple[str, list[
     text = [
         "Pareto-optimal: no other method is at most as costly and at least as good, and strictly cheaper or"
         " strictly better (composites as in the composite table; methods without both values are left out).",
+        *(["", not_ranked] if not_ranked else []),
     ]
     figures = []
     for axis, (label, file_name) in axes.items():

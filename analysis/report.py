@@ -15,14 +15,22 @@ import pandas as pd
 from analysis.adversarial_robustness import adversarial_table, plot_accuracy_against_epsilon, robustness_skipped
 from analysis.bit_depth import bit_depth_table
 from analysis.calibration_figures import calibration_section
-from analysis.composites import COMPOSITES, better_direction, composite_coverage, per_cell_table, with_eval_kinds
+from analysis.composites import (
+    COMPOSITES,
+    better_direction,
+    composite_coverage,
+    composite_scores,
+    not_ranked_note,
+    per_cell_table,
+    with_eval_kinds,
+)
 from analysis.corruption_shift import corruption_rows, corruption_table, corruption_values, plot_corruption_shift
 from analysis.dee import dee_markdown
 from analysis.fidelity import anchor_fidelity_markdown, fidelity_markdown
 from analysis.intervals import interval_text
 from analysis.pareto import pareto_markdown
 from analysis.regression_calibration import regression_calibration_section
-from analysis.statistics import ranked_composites, statistics_markdown
+from analysis.statistics import statistics_markdown
 from analysis.tables import load_results, markdown_table
 from ursa_ray.results import Location, is_uri
 
@@ -65,13 +73,11 @@ def composite_display(scores: pd.DataFrame) -> pd.DataFrame:
                 strict=True,
             )
         ]
-    if "best_group" in shown:
-        shown["best_group"] = shown["best_group"].map({True: "yes", False: "no"}).fillna("-")
     return shown.drop(columns=[c for c in scores.columns if c.endswith(("_low", "_high", "_seeds"))])
 
 
 def composite_text(scores: pd.DataFrame, coverage: pd.DataFrame, alpha: float = 0.05, interval: str = "t") -> str:
-    """The composite-score table (from :func:`~analysis.statistics.ranked_composites`) with its legend, and
+    """The composite-score table (from :func:`~analysis.composites.composite_scores`) with its legend, and
     the cells each composite averages (from :func:`~analysis.composites.composite_coverage`)."""
     direction = better_direction()
     legend = ", ".join(f"{c}: {direction[c]} is better" for c in scores.columns if c in direction)
@@ -80,9 +86,9 @@ def composite_text(scores: pd.DataFrame, coverage: pd.DataFrame, alpha: float = 
         + f"\n\n({legend}; means over cells of seed means with their {1 - alpha:.0%} interval ({INTERVAL_NAMES[interval]}"
         " over seeds for one cell; over several, the cells' standard errors propagated with Welch's t) and the"
         " fewest seeds behind a cell; rank_* rank within each principle,"
-        " mean_rank averages the principles with equal weight; best_group: not significantly different from"
-        f" the best mean_rank (Friedman and Nemenyi over the principles, α = {alpha}); see README, Composite"
-        " scores, and docs/statistics.md)\n\nCells behind each composite:\n\n" + markdown_table(coverage, index=False)
+        " mean_rank averages the principles with equal weight and is a summary, not a test: which orders are"
+        " real is stated per principle in the next section; see README, Composite scores, and"
+        " docs/statistics.md)\n\nCells behind each composite:\n\n" + markdown_table(coverage, index=False)
     )
 
 
@@ -142,9 +148,11 @@ def _write_report(
 
     printed = []
     figures_extra: list[Path] = []  # figures of the classification sections
-    scores = ranked_composites(metrics, trials, alpha, interval) if not metrics.empty else pd.DataFrame()
+    scores = composite_scores(metrics, trials, alpha, interval) if not metrics.empty else pd.DataFrame()
     if not scores.empty and (metrics["eval_set"] == "test").any():
         composites = composite_text(scores, composite_coverage(metrics, trials), alpha, interval)
+        not_ranked = not_ranked_note(metrics, trials)
+        composites += f"\n\n{not_ranked}" if not_ranked else ""
         sections += ["", "## Composite scores", "", composites]
         printed += ["Composite scores", composites]
         verdict, cd_figures = statistics_markdown(metrics, trials, figures_dir, alpha, interval)
@@ -236,7 +244,7 @@ def _write_report(
             sections += ["", "## Fidelity to the reference posterior", "", fidelity_text, ""]
             sections += [f"![{p.stem}](figures/{p.name})" for p in fidelity_figures]
             printed += ["Fidelity to the reference posterior", fidelity_text]
-        pareto_text, pareto_figures = pareto_markdown(scores, figures_dir)
+        pareto_text, pareto_figures = pareto_markdown(scores, figures_dir, not_ranked)
         if pareto_figures:
             figures_extra += pareto_figures
             sections += ["", "## Quality against cost (Pareto fronts)", "", pareto_text, ""]

@@ -7,32 +7,43 @@ the composite's metric in that trial, averaged over its sets).  Methods of one s
 splits and streams, so two methods' values on the same unit are paired.
 
 * **Paired tests** (:func:`paired_tests`): for each principle, each of its composites and each pair of
-  methods, the Wilcoxon signed-rank test (:func:`scipy.stats.wilcoxon`, exact for small samples) of the
-  differences a − b over the units both methods completed (never imputed), Holm-corrected over every
-  (composite, pair) test of the principle (Holm 1979; :func:`holm`).
+  methods, the Wilcoxon signed-rank test of the differences a − b over the units both methods completed
+  (never imputed), Holm-corrected over every (principle, composite, pair) test of the report (Holm 1979;
+  :func:`holm`), so the chance of any false ordering in the report's summary is at most α.  Zeros are
+  dropped (Wilcoxon's convention, as R's ``wilcox.test``), ties share their mid-rank, both within
+  :data:`TIE_TOLERANCE` of the values' magnitude; the p-value is the exact permutation p over all 2ⁿ sign
+  flips of the n nonzero differences (:func:`signed_rank_null`; never below 2/2ⁿ, ties and zeros
+  included) up to :data:`EXACT_UNITS`, the normal approximation with tie and continuity correction above.
   Effect size: the median paired difference with its distribution-free order-statistic interval
   (:func:`scipy.stats.quantile_test`; none below 6 units).  ``better`` names the better method where the
   corrected p is below α, else ``tie``.
 * **Friedman and Nemenyi** (:func:`friedman_test`; Demšar 2006): blocks are the units all compared methods
   completed; within a block each composite of the principle ranks the methods (1 = best, ties share the
-  mean) and a method's block score is its mean rank over the principle's composites, so each metric counts
-  once.  The Friedman test (:func:`scipy.stats.friedmanchisquare`, tie-corrected) asks whether any method
-  ranks differently; Nemenyi's post-hoc (:func:`scikit_posthocs.posthoc_nemenyi_friedman`) compares every
+  mean) and a method's block score is its mean rank over the principle's composites, each family of
+  :data:`analysis.composites.FAMILIES` once.  The Friedman test (:func:`scipy.stats.friedmanchisquare`,
+  tie-corrected) asks whether any method ranks differently; Nemenyi's post-hoc (:func:`scikit_posthocs.posthoc_nemenyi_friedman`) compares every
   pair, and two methods differ when their mean ranks differ by more than the critical difference
   CD = q_α · √(k(k + 1) / (6N)), q_α the studentized range quantile for k methods over √2.  Post-hoc
   differences count only when the Friedman test rejects; otherwise every method is in the best group.
 * **Resolution** (:func:`resolvable_differences`): with n units per pair and spread s_d (the median over
   pairs of the standard deviation of paired differences), the smallest difference a paired test finds with
-  80% power at Holm's first step α/m (m tests in the principle) is
+  80% power at Holm's first step α/m (m tests in the report) is
   δ = (t_{1−α/(2m), n−1} + t_{0.8, n−1}) · s_d / √n (the paired t approximation of the Wilcoxon test), and
   the exact Wilcoxon test cannot give p below 2/2ⁿ, so it needs n ≥ log₂(2m/α) units before any
   ordering can survive.
+
+The composite table's ``mean_rank`` carries no significance claim: its principles are measured on different
+cells (``decision_cost`` on decision-task cells, the others on in-domain ones), so no unit ranks the methods
+on every principle, and the principles themselves are not replicates (a test over them, as blocks, calls a
+method "significantly worse" from one seed per cell).  Which orders are real is stated per principle, over
+replicated units, by the tests above.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import combinations
 from pathlib import Path
 
@@ -40,10 +51,16 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.composites import COMPOSITES, PRINCIPLES, unit_values
+from analysis.composites import COMPOSITES, PRINCIPLES, family_mean, not_ranked_note, unit_values
 
 UNIT = ["model", "dataset", "seed"]
 POWER = 0.8
+EXACT_UNITS = 60
+"""Up to this many nonzero paired differences the signed-rank test is exact (all 2ⁿ sign flips, counted in
+int64); above it, the normal approximation with continuity correction."""
+TIE_TOLERANCE = 1e-12
+"""Differences within this fraction of the compared values' magnitude are ties (and of zero, zeros): float
+rounding of equal differences, e.g. 342/360 − 340/360 against 344/360 − 342/360."""
 
 
 def _better_sign(composite: str) -> int:
@@ -69,30 +86,78 @@ def pair_differences(wide: pd.DataFrame) -> tuple[list[tuple[str, str]], np.ndar
     return [(methods[i], methods[j]) for i, j in pairs], values[:, first] - values[:, second]
 
 
-def wilcoxon_p_values(differences: np.ndarray) -> np.ndarray:
+def pair_scales(wide: pd.DataFrame) -> np.ndarray:
+    """Per pair of :func:`pair_differences` (same order): the largest |value| of either method over the units
+    both completed, the scale of the rounding error in their differences (0 where they share none)."""
+    methods = sorted(wide.columns)
+    values = np.abs(wide[methods].to_numpy(dtype=float))
+    pairs = list(combinations(range(len(methods)), 2))
+    if not pairs:
+        return np.empty(0)
+    first, second = (np.array(index) for index in zip(*pairs, strict=True))
+    a, b = values[:, first], values[:, second]
+    return np.where(np.isnan(a - b), 0.0, np.fmax(a, b)).max(axis=0, initial=0.0)
+
+
+def doubled_signed_ranks(differences: np.ndarray, tolerance: float) -> tuple[np.ndarray, np.ndarray]:
+    """(2 × the Wilcoxon ranks of |d|, whether d > 0) of the nonzero ``differences``: |d| ≤ ``tolerance`` is a
+    zero and left out (Wilcoxon's convention), |d| within ``tolerance`` of each other are ties sharing their
+    mean rank; doubled, the mid-ranks of ties are integers."""
+    kept = differences[np.abs(differences) > tolerance]
+    magnitude = np.abs(kept)
+    order = np.argsort(magnitude, kind="stable")
+    groups = np.concatenate([[0], np.cumsum(np.diff(magnitude[order]) > tolerance)])
+    doubled = np.empty(kept.size, dtype=np.int64)
+    doubled[order] = np.rint(2 * stats.rankdata(groups, method="average")).astype(np.int64)
+    return doubled, kept > 0
+
+
+@lru_cache(maxsize=4096)
+def signed_rank_null(doubled_ranks: tuple[int, ...]) -> np.ndarray:
+    """How many of the 2ⁿ sign assignments of ``doubled_ranks`` (sorted) give each doubled T⁺ = 0, 1, …,
+    Σ ranks: the exact null distribution of the signed-rank statistic given the ranks, ties included, by
+    convolving in one rank at a time (each sign ± with probability ½).  Exact in int64 up to n = 62."""
+    counts = np.zeros(sum(doubled_ranks) + 1, dtype=np.int64)
+    counts[0] = 1
+    for rank in doubled_ranks:
+        shifted = counts.copy()
+        shifted[rank:] += counts[: counts.size - rank]
+        counts = shifted
+    return counts
+
+
+def signed_rank_p_value(differences: np.ndarray, scale: float) -> float:
+    """Two-sided p of the Wilcoxon signed-rank test of ``differences`` (no NaN), conditional on their |d|:
+    zeros and ties within ``TIE_TOLERANCE`` × ``scale`` (:func:`doubled_signed_ranks`); with at most
+    :data:`EXACT_UNITS` nonzero differences the exact permutation p, 2 · min(P(T⁺ ≥ t), P(T⁺ ≤ t)) capped at 1
+    over all sign flips (:func:`signed_rank_null`), so never below 2/2ⁿ; above, the normal approximation with
+    tie and continuity correction (:func:`scipy.stats.wilcoxon`); 1 when every difference is zero."""
+    doubled, positive = doubled_signed_ranks(differences, TIE_TOLERANCE * scale)
+    if doubled.size == 0:
+        return 1.0
+    if doubled.size > EXACT_UNITS:
+        signed = np.where(positive, doubled, -doubled).astype(float)
+        return float(stats.wilcoxon(signed, correction=True, method="asymptotic").pvalue)
+    counts = signed_rank_null(tuple(sorted(doubled.tolist())))
+    t = int(doubled[positive].sum())
+    tail = min(int(counts[: t + 1].sum()), int(counts[t:].sum()))
+    return min(1.0, 2 * tail / 2**doubled.size)
+
+
+def wilcoxon_p_values(differences: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:
     """Two-sided Wilcoxon signed-rank p-values of each column of ``differences`` (units × pairs; NaN rows of a
-    column are units a method lacks, left out).  Exact where a column has no zero and no tied |difference|
-    (one vectorised call); the normal approximation with tie correction otherwise, zeros dropped (as R's
-    ``wilcox.test`` does); 1.0 where every difference is zero, NaN without units."""
+    column are units a method lacks, left out) by :func:`signed_rank_p_value`; ``scales``: per column the
+    magnitude of the values differenced (:func:`pair_scales`), which sets the tolerance of zeros and ties
+    (default: the largest |difference|).  NaN without units."""
+    if scales is None:
+        with np.errstate(all="ignore"):
+            scales = np.nanmax(np.abs(differences), axis=0, initial=0.0)
     p = np.full(differences.shape[1], np.nan)
-    complete = ~np.isnan(differences).any(axis=0)
-    clean = []
     for column in range(differences.shape[1]):
         d = differences[:, column]
         d = d[~np.isnan(d)]
-        if d.size == 0:
-            continue
-        if np.all(d == 0):
-            p[column] = 1.0
-        elif np.all(d != 0) and np.unique(np.abs(d)).size == d.size:
-            if complete[column]:
-                clean.append(column)
-            else:
-                p[column] = stats.wilcoxon(d, method="exact").pvalue
-        else:
-            p[column] = stats.wilcoxon(d, zero_method="wilcox", method="approx").pvalue
-    if clean:
-        p[clean] = stats.wilcoxon(differences[:, clean], axis=0, method="exact").pvalue
+        if d.size:
+            p[column] = signed_rank_p_value(d, float(scales[column]))
     return p
 
 
@@ -132,14 +197,16 @@ def principle_units(units: pd.DataFrame, principle: str) -> pd.DataFrame:
 def paired_tests(units: pd.DataFrame, alpha: float = 0.05, principles: list[str] | None = None) -> pd.DataFrame:
     """One row per (principle, composite, method_a, method_b): ``units`` compared, ``median_difference``
     (a − b, in the metric's units) with ``difference_low`` / ``difference_high``, ``p_value``, ``p_holm``
-    (Holm over the principle's tests) and ``better`` (a method, or ``tie``).  See the module doc."""
-    rows = []
+    (Holm over every test of ``principles``: the whole report when all) and ``better`` (a method, or
+    ``tie``).  See the module doc."""
+    family = []
     for principle in principles or list(PRINCIPLES):
         these = principle_units(units, principle)
-        family = []
         for composite in [c for c in PRINCIPLES[principle] if c in set(these["composite"])]:
-            pairs, differences = pair_differences(wide_units(these, composite))
-            for (a, b), d, p in zip(pairs, differences.T, wilcoxon_p_values(differences), strict=True):
+            wide = wide_units(these, composite)
+            pairs, differences = pair_differences(wide)
+            p_values = wilcoxon_p_values(differences, pair_scales(wide))
+            for (a, b), d, p in zip(pairs, differences.T, p_values, strict=True):
                 d = d[~np.isnan(d)]
                 low, high = median_interval(d, alpha)
                 median = float(np.median(d)) if d.size else float("nan")
@@ -158,14 +225,13 @@ def paired_tests(units: pd.DataFrame, alpha: float = 0.05, principles: list[str]
                         "_direction": direction,
                     }
                 )
-        if not family:
-            continue
-        adjusted = holm(np.array([r["p_value"] for r in family]))
-        for row, p in zip(family, adjusted, strict=True):
-            direction = row.pop("_direction")
-            significant = bool(np.isfinite(p) and p < alpha and direction != 0)
-            winner = row["method_a"] if direction * _better_sign(row["composite"]) > 0 else row["method_b"]
-            rows.append(row | {"p_holm": float(p), "better": winner if significant else "tie"})
+    adjusted = holm(np.array([r["p_value"] for r in family]))
+    rows = []
+    for row, p in zip(family, adjusted, strict=True):
+        direction = row.pop("_direction")
+        significant = bool(np.isfinite(p) and p < alpha and direction != 0)
+        winner = row["method_a"] if direction * _better_sign(row["composite"]) > 0 else row["method_b"]
+        rows.append(row | {"p_holm": float(p), "better": winner if significant else "tie"})
     columns = [
         "principle",
         "composite",
@@ -185,19 +251,20 @@ def paired_tests(units: pd.DataFrame, alpha: float = 0.05, principles: list[str]
 def block_scores(units: pd.DataFrame, principle: str) -> pd.DataFrame:
     """Rows: the units (model, dataset, seed) every method with results in ``principle`` completed on every
     composite of it; columns: methods; values: the method's rank in the unit (1 = best) averaged over the
-    principle's composites."""
+    principle's composites, each family once (:func:`analysis.composites.family_mean`)."""
     these = principle_units(units, principle)
-    ranks = []
+    ranks = {}
     for composite in [c for c in PRINCIPLES[principle] if c in set(these["composite"])]:
         table = these[these["composite"] == composite].pivot_table(index=UNIT, columns="method", values="value")
-        ranks.append(table.rank(axis=1, ascending=not COMPOSITES[composite][2], method="average"))
+        ranks[composite] = table.rank(axis=1, ascending=not COMPOSITES[composite][2], method="average")
     if not ranks:
         return pd.DataFrame()
-    methods = sorted(set().union(*(r.columns for r in ranks)))
-    ranks = [r.reindex(columns=methods) for r in ranks]
-    stacked = pd.concat(ranks, axis=1, keys=range(len(ranks)), join="inner")
+    methods = sorted(set().union(*(r.columns for r in ranks.values())))
+    stacked = pd.concat({c: r.reindex(columns=methods) for c, r in ranks.items()}, axis=1, join="inner")
     complete = stacked.dropna()
-    return complete.T.groupby(level=1).mean().T[methods] if not complete.empty else pd.DataFrame(columns=methods)
+    if complete.empty:
+        return pd.DataFrame(columns=methods)
+    return pd.DataFrame({m: family_mean(complete.xs(m, axis=1, level=1)) for m in methods})[methods]
 
 
 @dataclass
@@ -262,39 +329,41 @@ def resolvable_differences(units: pd.DataFrame, alpha: float = 0.05) -> pd.DataF
     spread ``sd_difference`` of paired differences, ``resolvable`` (the smallest difference found with 80%
     power at α/m), ``tests`` (m) and ``units_needed`` (the fewest units with which the exact Wilcoxon test
     can pass α/m).  See the module doc."""
+    differences = {
+        (principle, composite): pair_differences(wide_units(units, composite))[1]
+        for principle, names in PRINCIPLES.items()
+        for composite in names
+        if composite in set(units["composite"])
+    }
+    m = sum(d.shape[1] for d in differences.values())  # Holm's family: every test of the report
     rows = []
-    for principle, names in PRINCIPLES.items():
-        these = principle_units(units, principle)
-        present = [c for c in names if c in set(these["composite"])]
-        differences = {c: pair_differences(wide_units(these, c))[1] for c in present}
-        m = sum(d.shape[1] for d in differences.values())
-        for composite in present:
-            if not differences[composite].shape[1]:
-                continue
-            diffs = [d[~np.isnan(d)] for d in differences[composite].T]
-            n = int(np.median([d.size for d in diffs]))
-            spreads = [d.std(ddof=1) for d in diffs if d.size > 1]
-            sd = float(np.median(spreads)) if spreads else float("nan")
-            rows_c = these[these["composite"] == composite]
-            cells = len(rows_c[["model", "dataset"]].drop_duplicates())
-            seeds = int(rows_c.groupby(["method", "model", "dataset"])["seed"].nunique().median())
-            delta = float("nan")
-            if n > 1 and np.isfinite(sd):
-                level = alpha / m
-                delta = (stats.t.ppf(1 - level / 2, n - 1) + stats.t.ppf(POWER, n - 1)) * sd / math.sqrt(n)
-            rows.append(
-                {
-                    "principle": principle,
-                    "composite": composite,
-                    "units": n,
-                    "cells": cells,
-                    "seeds": seeds,
-                    "sd_difference": sd,
-                    "resolvable": delta,
-                    "tests": m,
-                    "units_needed": math.ceil(math.log2(2 * m / alpha)),
-                }
-            )
+    for (principle, composite), pair_values in differences.items():
+        if not pair_values.shape[1]:
+            continue
+        diffs = [d[~np.isnan(d)] for d in pair_values.T]
+        n = int(np.median([d.size for d in diffs]))
+        spreads = [d.std(ddof=1) for d in diffs if d.size > 1]
+        sd = float(np.median(spreads)) if spreads else float("nan")
+        rows_c = units[units["composite"] == composite]
+        cells = len(rows_c[["model", "dataset"]].drop_duplicates())
+        seeds = int(rows_c.groupby(["method", "model", "dataset"])["seed"].nunique().median())
+        delta = float("nan")
+        if n > 1 and np.isfinite(sd):
+            level = alpha / m
+            delta = (stats.t.ppf(1 - level / 2, n - 1) + stats.t.ppf(POWER, n - 1)) * sd / math.sqrt(n)
+        rows.append(
+            {
+                "principle": principle,
+                "composite": composite,
+                "units": n,
+                "cells": cells,
+                "seeds": seeds,
+                "sd_difference": sd,
+                "resolvable": delta,
+                "tests": m,
+                "units_needed": math.ceil(math.log2(2 * m / alpha)),
+            }
+        )
     return pd.DataFrame(
         rows,
         columns=[
@@ -459,48 +528,6 @@ def compare(
     )
 
 
-def mean_rank_best_group(scores: pd.DataFrame, alpha: float = 0.05) -> pd.Series:
-    """Per method of the composite table ``scores``: whether its ``mean_rank`` is not significantly different
-    from the best one's.  The principles are the blocks (each ranks the methods by ``rank_P``, as the equal
-    weights of ``mean_rank`` do): Friedman over the methods with every principle, then Nemenyi from the best
-    (Demšar 2006).  All such methods are in the group when the Friedman test does not reject; a method
-    lacking a principle is left out (NaN)."""
-    import scikit_posthocs
-
-    columns = [c for c in scores.columns if c.startswith("rank_")]
-    table = scores[columns].dropna()
-    group = pd.Series(np.nan, index=scores.index, dtype=object)
-    if len(table) < 3 or len(columns) < 2:
-        group[table.index] = True
-        return group
-    blocks = table.T  # principles × methods, lower is better
-    within = blocks.rank(axis=1, method="average")
-    mean_ranks = within.mean().sort_values()
-    best = mean_ranks.index[0]
-    rejects = False
-    if not (blocks.nunique(axis=1) == 1).all():
-        rejects = stats.friedmanchisquare(*[blocks[m].to_numpy() for m in blocks.columns]).pvalue < alpha
-    nemenyi = scikit_posthocs.posthoc_nemenyi_friedman(blocks.to_numpy())
-    nemenyi.index = nemenyi.columns = blocks.columns
-    for method in table.index:
-        group[method] = bool(not rejects or method == best or nemenyi.loc[best, method] >= alpha)
-    return group
-
-
-def ranked_composites(
-    metrics: pd.DataFrame, trials: pd.DataFrame, alpha: float = 0.05, interval: str = "t"
-) -> pd.DataFrame:
-    """:func:`analysis.composites.composite_scores` with ``best_group`` after ``mean_rank``
-    (:func:`mean_rank_best_group`): the composite table of the report and of ``ursa_ray.load(...).composites``."""
-    from analysis.composites import composite_scores
-
-    scores = composite_scores(metrics, trials, alpha, interval)
-    if scores.empty or "mean_rank" not in scores:
-        return scores
-    scores.insert(scores.columns.get_loc("mean_rank") + 1, "best_group", mean_rank_best_group(scores, alpha))
-    return scores
-
-
 def _number(value: float) -> str:
     from analysis.tables import format_number
 
@@ -558,20 +585,23 @@ def statistics_markdown(
         "",
         "**Summary.** ",
     ]
+    not_ranked = not_ranked_note(metrics, trials)
     if significant.empty:
         out[-1] += (
-            f"No ordering survives Holm's correction: all {len(pairs)} pairwise comparisons are ties at "
-            "these seeds (see how many seeds each principle needs below)."
+            f"No ordering survives Holm's correction over the report: all {len(pairs)} pairwise comparisons "
+            "are ties at these seeds (see how many seeds each principle needs below)."
         )
     else:
         out[-1] += (
             f"{len(significant)} of {len(pairs)} pairwise orderings survive Holm's correction (Wilcoxon "
-            "signed-rank, corrected within each principle); every other pair is a tie:"
+            f"signed-rank, Holm over all {len(pairs)} tests of the report, so the chance of any false ordering "
+            "in this list is at most α); every other pair is a tie:"
         )
         out += [""] + [f"- {row['principle']}: {_ordering(row)}" for _, row in significant.iterrows()]
+    out += ["", not_ranked] if not_ranked else []
     figures = []
     for principle, result in comparison.tests.items():
-        out += ["", f"### {principle}", ""]
+        out += ["", f"### {principle}", ""] + ([not_ranked, ""] if not_ranked and principle == "fidelity" else [])
         if result.note:
             out.append(f"Friedman test: not run ({result.note}).")
         else:
@@ -605,8 +635,8 @@ def statistics_markdown(
             wins = these[these["better"] != "tie"]
             out += [
                 "",
-                f"Paired Wilcoxon tests, Holm over the principle's {len(these)} tests: {len(wins)} "
-                f"significant; units per pair {these['units'].min()}–{these['units'].max()}.",
+                f"Paired Wilcoxon tests of this principle: {len(these)} (Holm over the report's {len(pairs)}), "
+                f"{len(wins)} significant; units per pair {these['units'].min()}–{these['units'].max()}.",
             ]
             if not wins.empty:
                 shown = wins[

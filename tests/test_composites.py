@@ -32,7 +32,7 @@ for method, seeds in (("a", (0, 1)), ("b", (0, 1))):
                 (method, "digits", seed, "noise", "ood_auroc_mi"): {"a": 0.90, "b": 0.50}[method],
                 (method, "digits", seed, "noise", "ood_fpr95_mi"): {"a": 0.90, "b": 0.50}[method],
                 (method, "digits", seed, "inv", "ood_fpr95_mi"): {"a": 0.90, "b": 0.70}[method],
-                (method, "digits", seed, "noise", "ood_fpr95_entropy"): {"a": 0.0, "b": 1.0}[method],  # not ranked
+                (method, "digits", seed, "noise", "ood_fpr95_entropy"): {"a": 0.0, "b": 1.0}[method],
                 (method, "digits", seed, "inv", "ood_auroc_mi"): {"a": 0.60, "b": 0.50}[method],
                 (method, "digits", seed, "noise", "ood_auroc_entropy"): {"a": 0.80, "b": 0.70}[method],
                 (method, "digits", seed, "inv", "ood_auroc_entropy"): {"a": 0.60, "b": 0.65}[method],
@@ -142,7 +142,8 @@ def test_composites_and_principle_ranks_equal_hand_computed_values():
             "nll_calibrated": {"a": 0.29, "b": 0.21},
             "ood_auroc": {"a": 0.75, "b": 0.50},  # mutual information, in-domain (dataset, OOD set) pairs
             "ood_fpr95": {"a": 0.90, "b": 0.60},  # mutual information, the same pairs
-            "ood_auroc_entropy": {"a": 0.70, "b": 0.675},
+            "ood_auroc_entropy": {"a": 0.70, "b": 0.675},  # total entropy, the same pairs
+            "ood_fpr95_entropy": {"a": 0.0, "b": 1.0},
             "decision_cost": {"a": 2.1, "b": 1.0},  # decision-task cells only
             "s_per_sample": {"a": 0.1, "b": 0.2},
             "flops_per_prediction": {"a": 100.0, "b": 10.0},
@@ -153,18 +154,19 @@ def test_composites_and_principle_ranks_equal_hand_computed_values():
             "corrupt_accuracy_s3": {"a": 0.5, "b": 0.55},
             "corrupt_ece_s3": {"a": 0.2, "b": 0.1},
             # accuracy: a 1, b 2; uncertainty: nll (a 2, b 1), misclass (a 1, b 2), e-AURC (a 2, b 1) and
-            # calibrated NLL (a 2, b 1); ood, on the mean over both OOD sets: AUROC (a 1, b 2) and FPR@95
-            # (a 2, b 1); decision: a 2, b 1; robustness, each metric once: PGD accuracy
-            # (a 2, b 1), corruption accuracy averaged over its two sets (a 0.65, b 0.625: a 1, b 2), corruption
-            # ECE averaged (a 0.125, b 0.1: a 2, b 1); test_time: flops (a 2, b 1) and storage (a 1, b 2).
+            # calibrated NLL (a 2, b 1); ood, each score once, on the mean over the OOD sets: by mutual
+            # information AUROC (a 1, b 2) and FPR@95 (a 2, b 1), by total entropy AUROC (a 1, b 2) and FPR@95
+            # (a 1, b 2); decision: a 2, b 1; robustness, each family once: PGD accuracy (a 2, b 1), and the
+            # corruptions' accuracy averaged over its two sets (a 0.65, b 0.625: a 1, b 2) with their ECE
+            # averaged (a 0.125, b 0.1: a 2, b 1); test_time: flops (a 2, b 1) and storage (a 1, b 2).
             # mean_rank = mean of the six principle ranks.
             "rank_accuracy": {"a": 1.0, "b": 2.0},
             "rank_uncertainty": {"a": 1.75, "b": 1.25},
-            "rank_ood": {"a": 1.5, "b": 1.5},
+            "rank_ood": {"a": 1.25, "b": 1.75},
             "rank_decision": {"a": 2.0, "b": 1.0},
-            "rank_robustness": {"a": 5 / 3, "b": 4 / 3},
+            "rank_robustness": {"a": 1.75, "b": 1.25},
             "rank_test_time": {"a": 1.5, "b": 1.5},
-            "mean_rank": {"a": (7.75 + 5 / 3) / 6, "b": (7.25 + 4 / 3) / 6},
+            "mean_rank": {"a": 9.25 / 6, "b": 8.75 / 6},
         }
     )
     for column in expected:
@@ -189,11 +191,14 @@ def test_coverage_names_the_cells_of_each_composite():
     assert coverage.loc["corrupt_accuracy_s3", "n"] == 1
 
 
-def _robustness_tables(corruption_sets: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Methods ``adv_winner`` and ``corrupt_winner`` on one cell: PGD accuracy 0.9 against 0.1, and on
-    every one of ``corruption_sets`` corruption sets accuracy 0.500 against 0.501 with equal ECE."""
+def _robustness_tables(
+    corruption_sets: int, ece_gap: float = 0.0, transfer: bool = False
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Methods ``adv_winner`` and ``corrupt_winner`` on one cell: PGD accuracy 0.9 against 0.1 (and the same
+    on the transfer set from the SGD source when ``transfer``), and on every one of ``corruption_sets``
+    corruption sets accuracy 0.500 against 0.501 and ECE 0.05 + ``ece_gap`` against 0.05."""
     rows, trials = [], []
-    for method, adv, corrupt in (("adv_winner", 0.9, 0.500), ("corrupt_winner", 0.1, 0.501)):
+    for method, adv, corrupt, ece in (("adv_winner", 0.9, 0.500, 0.05 + ece_gap), ("corrupt_winner", 0.1, 0.501, 0.05)):
         trial = f"{method}-0"
         trials.append(
             {
@@ -212,11 +217,15 @@ def _robustness_tables(corruption_sets: int) -> tuple[pd.DataFrame, pd.DataFrame
             ("test", "accuracy"): 0.9,
             ("adv:pgd_eps0.0625", "accuracy"): adv,
             ("adv:pgd_eps0.0625", "reference"): 1.0,
+            ("adv:pgd_eps0.25", "accuracy"): 1 - adv,  # not the reference ε: enters no composite
+            ("adv:pgd_eps0.25", "reference"): 0.0,
         }
+        if transfer:
+            values |= {("transfer:pgd_eps0.0625", "accuracy"): adv, ("transfer:pgd_eps0.25", "accuracy"): 1 - adv}
         for k in range(corruption_sets):
             values |= {
                 (f"corrupt:type{k // 5}:{k % 5 + 1}", "accuracy"): corrupt,
-                (f"corrupt:type{k // 5}:{k % 5 + 1}", "ece"): 0.05,
+                (f"corrupt:type{k // 5}:{k % 5 + 1}", "ece"): ece,
             }
         rows += [
             {
@@ -236,14 +245,24 @@ def _robustness_tables(corruption_sets: int) -> tuple[pd.DataFrame, pd.DataFrame
 
 
 @pytest.mark.parametrize("corruption_sets", [1, 50])
-def test_robustness_rank_counts_each_metric_once_however_many_corruption_sets(corruption_sets):
-    """Winning adversarial accuracy 0.9 to 0.1 and losing corruption accuracy by 0.001 on every corruption
-    set ties (adversarial accuracy, corruption accuracy and corruption ECE weigh one third each).  Ranking
-    every ``corrupt:TYPE:SEVERITY`` set as its own cell (the old rule) gives the adversarial winner
-    (1 + 50 × 2 + 50 × 1.5) / 101 = 1.74 against 1.26: last."""
+def test_robustness_rank_counts_each_family_once_however_many_corruption_sets(corruption_sets):
+    """Winning adversarial accuracy 0.9 to 0.1, losing corruption accuracy by 0.001 on every corruption set
+    and tying its ECE: white-box 1 against 2, corruptions (2 + 1.5) / 2 against (1 + 1.5) / 2, so 1.375
+    against 1.625 whatever the number of corruption sets.  Ranking every ``corrupt:TYPE:SEVERITY`` set as its
+    own cell (an older rule) gives the adversarial winner (1 + 50 × 2 + 50 × 1.5) / 101 = 1.74: last."""
     scores = composite_scores(*_robustness_tables(corruption_sets))
-    assert scores.loc["adv_winner", "rank_robustness"] == pytest.approx(1.5)
-    assert scores.loc["corrupt_winner", "rank_robustness"] == pytest.approx(1.5)
+    assert scores.loc["adv_winner", "rank_robustness"] == pytest.approx(1.375)
+    assert scores.loc["corrupt_winner", "rank_robustness"] == pytest.approx(1.625)
+
+
+def test_a_method_far_better_under_attack_and_slightly_worse_under_corruption_wins_robustness():
+    """Issue 44, item 9: the families (white-box attacks, transfer attacks, corruptions) weigh one each.
+    The adversarial winner is 0.8 better on the white-box and on the transfer set and 0.001 worse on both
+    corruption metrics: (1 + 1 + 2) / 3 = 4/3 against 5/3.  Weighing the metrics (white-box accuracy,
+    corruption accuracy, corruption ECE, transfer in no composite) made it lose, 5/3 against 4/3."""
+    scores = composite_scores(*_robustness_tables(10, ece_gap=0.001, transfer=True))
+    assert scores["transfer_accuracy"].to_dict() == pytest.approx({"adv_winner": 0.9, "corrupt_winner": 0.1})
+    assert scores["rank_robustness"].to_dict() == pytest.approx({"adv_winner": 4 / 3, "corrupt_winner": 5 / 3})
 
 
 def _one_cell_tables(values: dict[tuple[str, str, str], float]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -301,6 +320,29 @@ def test_a_principle_weighs_once_however_many_metrics_it_has():
     assert scores.loc["uncertainty_winner", "rank_uncertainty"] == 1.0
     assert scores.loc["accuracy_winner", "rank_accuracy"] == 1.0
     assert scores["mean_rank"].to_dict() == pytest.approx({"uncertainty_winner": 1.5, "accuracy_winner": 1.5})
+
+
+def test_ood_detection_ranks_each_score_once_so_zero_mutual_information_is_not_chance():
+    """Issue 44, item 8: ``sngp``'s mutual information is identically 0 (one-sample predictive: AUROC 0.5 and
+    FPR@95 1 by MI) while its total entropy detects the OOD set (AUROC 0.996).  Ranked on MI alone (the old
+    principle) it tied the ``chance`` method on AUROC and lost on FPR@95; with MI and total entropy each counting
+    once it ranks ahead of ``chance``: by MI (2.5 + 3) / 2, by entropy 1, so 1.875 against 2.625 and
+    ``good``'s 1.5."""
+    values = {}
+    for method, mi_auroc, mi_fpr, entropy_auroc, entropy_fpr in (
+        ("sngp", 0.5, 1.0, 0.996, 0.02),
+        ("chance", 0.5, 0.95, 0.5, 0.95),
+        ("good", 0.9, 0.3, 0.9, 0.3),
+    ):
+        values |= {
+            (method, "test", "accuracy"): 0.9,
+            (method, "noise", "ood_auroc_mi"): mi_auroc,
+            (method, "noise", "ood_fpr95_mi"): mi_fpr,
+            (method, "noise", "ood_auroc_entropy"): entropy_auroc,
+            (method, "noise", "ood_fpr95_entropy"): entropy_fpr,
+        }
+    scores = composite_scores(*_one_cell_tables(values))
+    assert scores["rank_ood"].to_dict() == pytest.approx({"sngp": 1.875, "chance": 2.625, "good": 1.5})
 
 
 def test_readme_composite_table_lists_each_principles_composites():

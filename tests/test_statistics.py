@@ -6,7 +6,9 @@ functions on in-memory unit tables, after a test shows a written directory gives
 
 from __future__ import annotations
 
+import itertools
 import math
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +19,14 @@ from scipy import stats
 import ursa_ray
 from analysis.intervals import composite_interval, mean_interval, wilson_interval
 from analysis.statistics import (
+    EXACT_UNITS,
     compare,
     friedman_test,
     holm,
     median_interval,
     nemenyi_critical_difference,
     paired_tests,
+    wilcoxon_p_values,
 )
 from ursa_ray.results import ResultsDirectory
 
@@ -532,3 +536,185 @@ def test_the_report_names_the_datasets_no_attack_or_corruption_reached(tmp_path)
     write_report(tmp_path)
     report = (tmp_path / "report.md").read_text()
     assert "Not attacked and not corrupted: csbm, digits_seq. Attacks and corruptions perturb pixels" in report
+
+
+def sign_flip_p_value(differences) -> float:
+    """Brute force: the two-sided p of the signed-rank statistic over every one of the 2ⁿ sign assignments of
+    the nonzero differences (exact rationals or integers: no float ties), ranks of |d| with ties at their
+    mean, P(|T⁺ − E T⁺| ≥ |t − E T⁺|)."""
+    nonzero = [d for d in differences if d != 0]
+    if not nonzero:
+        return 1.0
+    ranks = stats.rankdata([abs(d) for d in nonzero])
+    observed = sum(r for r, d in zip(ranks, nonzero) if d > 0)
+    centre = ranks.sum() / 2
+    flips = [
+        sum(r for r, sign in zip(ranks, signs) if sign > 0) for signs in itertools.product((1, -1), repeat=len(ranks))
+    ]
+    return float(np.mean(np.abs(np.array(flips) - centre) >= abs(observed - centre) - 1e-9))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_signed_rank_p_equals_brute_force_over_all_sign_flips(seed):
+    """Issue 44, item 1: n ≤ 10 differences with ties and zeros (small integers over 360, as accuracy steps are)
+    and distinct ones: the p-value is the enumeration of all 2ⁿ sign flips, float rounding of the tied
+    differences notwithstanding.  The old normal approximation without continuity correction differs."""
+    rng = np.random.default_rng(seed)
+    for n in range(1, 11):
+        steps = rng.integers(-3, 4, size=n)
+        accuracy = rng.integers(250, 350, size=n)
+        tied = (accuracy / 360) - ((accuracy - steps) / 360)  # float differences of equal rationals
+        assert wilcoxon_p_values(tied[:, None], np.array([1.0]))[0] == pytest.approx(
+            sign_flip_p_value([Fraction(int(k), 360) for k in steps]), abs=1e-12
+        ), steps
+        distinct = rng.normal(size=n)
+        assert wilcoxon_p_values(distinct[:, None])[0] == pytest.approx(sign_flip_p_value(distinct), abs=1e-12)
+    steps = rng.integers(-2, 4, size=8).astype(float)  # and scipy's enumeration of the same flips
+    exact = stats.wilcoxon(steps, method=stats.PermutationMethod(n_resamples=np.inf)).pvalue
+    assert wilcoxon_p_values(steps[:, None])[0] == pytest.approx(exact, abs=1e-12)
+
+
+@pytest.mark.parametrize("n", range(1, 16))
+def test_the_smallest_p_with_n_pairs_is_at_least_two_over_two_to_the_n(n):
+    """All differences of one sign is the most extreme outcome: p = 2/2ⁿ when they are distinct or all tied,
+    2/2ⁿ⁻ᶻ (still ≥ 2/2ⁿ) with z zeros; never below, whatever the ties."""
+    floor = 2 / 2**n
+    distinct = np.arange(1, n + 1) / 7
+    tied = np.full(n, 1 / 360)
+    zeros = np.r_[np.zeros(n // 3), np.full(n - n // 3, 0.1)]
+    p = wilcoxon_p_values(np.column_stack([distinct, tied, zeros, -tied]))
+    assert p[0] == pytest.approx(min(1.0, floor)) and p[1] == pytest.approx(min(1.0, floor))
+    assert p[2] == pytest.approx(min(1.0, 2 / 2 ** (n - n // 3))) and p[3] == p[1]
+    assert (p >= floor * (1 - 1e-12)).all()
+
+
+def test_four_units_one_step_apart_are_no_ordering_whatever_the_rounding():
+    """The issue's case: four units all d = +1/360 give the exact p = 2/16 = 0.125 (the old normal approximation
+    gave 0.0455, "significant"); accuracies whose equal differences round apart in float ([342, 340, 344, 345]
+    against two fewer correct; [340, 341, 342, 343]) give the p of their exact rational differences."""
+    assert wilcoxon_p_values(np.full((4, 1), 1 / 360))[0] == pytest.approx(0.125)
+    for correct in ([342, 340, 344, 345], [340, 341, 342, 343], [300, 301, 302, 310]):
+        correct = np.array(correct)
+        differences = correct / 360 - (correct - 2) / 360
+        exact = sign_flip_p_value([Fraction(2, 360)] * 4)
+        assert exact == 0.125
+        assert wilcoxon_p_values(differences[:, None], np.array([1.0]))[0] == pytest.approx(exact)
+
+
+def test_above_the_exact_range_the_normal_approximation_is_continuity_corrected():
+    d = np.random.default_rng(7).integers(-2, 5, size=EXACT_UNITS + 20).astype(float)
+    expected = stats.wilcoxon(d, correction=True, method="asymptotic").pvalue
+    assert wilcoxon_p_values(d[:, None])[0] == pytest.approx(expected, rel=1e-12)
+    assert stats.wilcoxon(d, correction=False, method="asymptotic").pvalue != pytest.approx(expected, rel=1e-6)
+
+
+def test_holm_corrects_over_every_test_of_the_report():
+    """Issue 44, item 13: the report's summary lists orders from every principle, so Holm's family is every
+    (principle, composite, pair) test, not one principle's; the summary says so."""
+    values = simulated_values(np.random.default_rng(1), {"a": 0.0, "b": 0.02, "c": 0.0})
+    pairs = paired_tests(units_frame(values))
+    assert set(pairs["principle"]) == {"accuracy", "uncertainty"}
+    np.testing.assert_allclose(pairs["p_holm"], holm(pairs["p_value"].to_numpy()))
+    per_principle = pairs.groupby("principle")["p_value"].transform(lambda p: holm(p.to_numpy()))
+    assert not np.allclose(pairs["p_holm"], per_principle)
+
+
+def test_the_summary_says_holm_covers_the_whole_report(tmp_path):
+    from analysis.report import write_report
+
+    write_results(tmp_path, simulated_values(np.random.default_rng(1), {"a": 0.0, "b": 0.02, "c": 0.0}))
+    write_report(tmp_path)
+    summary = (tmp_path / "report.md").read_text().split("**Summary.**")[1].split("\n### ")[0]
+    assert "Holm over all 6 tests of the report" in summary
+
+
+def test_one_seed_per_cell_makes_no_significance_claim(tmp_path):
+    """Issue 44, item 7: four methods in the same order on every principle, one seed of one cell.  The old
+    best group ran Friedman and Nemenyi with the principles as blocks and called ``d`` significantly worse than
+    ``a``; without replicated units nothing is claimed: no best group, no Friedman test (one block), every
+    paired test a tie."""
+    from analysis.report import write_report
+
+    values = {
+        (method, "mlp", "digits", 0): {
+            "accuracy": 0.9 - 0.01 * k,
+            "nll": 0.3 + 0.01 * k,
+            ("noise", "ood_auroc_mi"): 0.9 - 0.01 * k,
+            ("fidelity:test", "total_variation"): 0.1 + 0.01 * k,
+            ("cost", "flops_per_prediction"): 1e6 * (k + 1),
+        }
+        for k, method in enumerate("abcd")
+    }
+    write_results(tmp_path, values)
+    results = ursa_ray.load(tmp_path)
+    assert "best_group" not in results.composites or results.composites["best_group"].astype(bool).all()
+    comparison = results.compare()
+    assert (comparison.pairs["better"] == "tie").all()
+    assert comparison.friedman["note"].str.contains("at least 3 methods and 2 blocks").all()
+    write_report(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "No ordering survives" in report and "significantly different from the best" not in report
+
+
+def unconverged_values(converged_tv: dict[str, float], unconverged_tv: dict[str, float]) -> dict:
+    """Three seeds of three methods on mlp/digits (reference converged) and mlp/wine (reference not converged:
+    ``converged`` 0 on every fidelity row), their test TV and agreement as given per cell, with accuracy and
+    test-time cost."""
+    values = {}
+    for dataset, tv, converged in (("digits", converged_tv, 1.0), ("wine", unconverged_tv, 0.0)):
+        for k, method in enumerate(sorted(tv)):
+            for seed in range(3):
+                values[(method, "mlp", dataset, seed)] = {
+                    "accuracy": 0.9 - 0.01 * k + 0.001 * seed,
+                    ("fidelity:test", "total_variation"): tv[method] + 0.001 * seed,
+                    ("fidelity:test", "agreement"): 1 - tv[method] + 0.002 * seed,
+                    ("fidelity:test", "converged"): converged,
+                    ("fidelity:noise", "converged"): converged,
+                    ("cost", "flops_per_prediction"): 1e6 * (k + 1),
+                    ("cost", "train_s"): 10.0 * (3 - k),
+                }
+    return values
+
+
+def test_an_unconverged_reference_changes_no_rank_test_or_front(tmp_path):
+    """Issue 44, item 6: a deliberately short reference on mlp/wine (``converged`` 0) that orders the methods
+    the other way round.  Every rank (``rank_fidelity``, ``mean_rank``), paired test, Friedman test and Pareto
+    front equals the one without that cell's fidelity rows; the report shows the cell, marked
+    "not ranked: reference not converged" in each section that ranks."""
+    from analysis.composites import composite_scores
+    from analysis.pareto import pareto_fronts
+    from analysis.report import write_report
+
+    tv = {"a": 0.1, "b": 0.2, "c": 0.3}
+    reversed_tv = {"a": 0.6, "b": 0.4, "c": 0.05}
+    write_results(tmp_path / "with", unconverged_values(tv, reversed_tv))
+    without = {
+        key: {
+            k: v
+            for k, v in row.items()
+            if not (key[2] == "wine" and isinstance(k, tuple) and k[0].startswith("fidelity"))
+        }
+        for key, row in unconverged_values(tv, reversed_tv).items()
+    }
+    write_results(tmp_path / "without", without)
+    loaded = {name: ursa_ray.load(tmp_path / name) for name in ("with", "without")}
+    scores = {n: composite_scores(r.metrics, r.trials) for n, r in loaded.items()}
+    ranked = [c for c in scores["without"].columns if c.startswith(("rank_", "fidelity_")) or c == "mean_rank"]
+    pd.testing.assert_frame_equal(scores["with"][ranked], scores["without"][ranked])
+    assert scores["with"]["rank_fidelity"].to_dict() == {"a": 1.0, "b": 2.0, "c": 3.0}
+    comparisons = {n: r.compare() for n, r in loaded.items()}
+    pd.testing.assert_frame_equal(comparisons["with"].pairs, comparisons["without"].pairs)
+    pd.testing.assert_frame_equal(comparisons["with"].friedman, comparisons["without"].friedman)
+    pd.testing.assert_frame_equal(pareto_fronts(scores["with"]), pareto_fronts(scores["without"]))
+    write_report(tmp_path / "with")
+    report = (tmp_path / "with" / "report.md").read_text()
+    sections = {part.split("\n", 1)[0]: part for part in report.split("\n## ")[1:]}
+    for title in (
+        "Composite scores",
+        "Which differences are real",
+        "Fidelity to the reference posterior",
+        "Quality against cost (Pareto fronts)",
+        "Compute cost: hyperparameter search + inference",
+    ):
+        assert "not ranked: reference not converged" in sections[title], title
+    assert "mlp / wine" in sections["Fidelity to the reference posterior"]  # shown

@@ -179,8 +179,8 @@ def _compact(where: Location, echo: Callable[[str], None]) -> dict[str, tuple[in
 @dataclass(frozen=True)
 class BenchmarkResults:
     """The tables of a results directory (see :mod:`ursa_ray.results` for their columns) and the composite
-    table the report prints first (:func:`analysis.statistics.ranked_composites`: composites with their 95%
-    intervals, ranks and the best group; empty without classification test metrics)."""
+    table the report prints first (:func:`analysis.composites.composite_scores`: composites with their 95%
+    intervals and ranks; empty without classification test metrics)."""
 
     trials: pd.DataFrame
     metrics: pd.DataFrame
@@ -206,12 +206,12 @@ def load(out: str | Path | Location) -> BenchmarkResults:
     """The results of a run: ``out`` as given to :func:`run` (a local folder or an object-store URI), with the
     interval its grid asks for (``statistics``; :class:`~ursa_ray.grid.GridError` if its grid.yaml's block is
     bad)."""
+    from analysis.composites import composite_scores
     from analysis.report import recorded_interval
-    from analysis.statistics import ranked_composites
     from analysis.tables import load_results
 
     tables = load_results(out)
     interval = recorded_interval(Location.parse(out))
     has_test = not tables.metrics.empty and (tables.metrics["eval_set"] == "test").any()
-    composites = ranked_composites(tables.metrics, tables.trials, interval=interval) if has_test else pd.DataFrame()
+    composites = composite_scores(tables.metrics, tables.trials, interval=interval) if has_test else pd.DataFrame()
     return BenchmarkResults(tables.trials, tables.metrics, tables.points, composites, interval)
