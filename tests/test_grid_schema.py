@@ -93,3 +93,27 @@ def test_the_schema_checks_a_key_once_after_the_keys_it_reads():
     parse_grid(GOOD, "g.yaml", tuple(counting(key) for key in KEYS))
     assert sorted(seen) == sorted(key.name for key in KEYS)  # each once
     assert seen.index("models") < seen.index("methods") and seen.index("datasets") < seen.index("methods")
+
+
+def test_the_drivers_walk_of_a_grid():
+    """ursa_ray/tune walks a checked grid through three calls: its specs, its searched cells, and the resources
+    every trial asks for (a reference block's own request included)."""
+    raw = {
+        **GOOD,
+        "methods": [
+            {"name": "sgd", "search": {"lr": {"type": "loguniform", "low": 1e-3, "high": 0.3}}},
+            {"name": "mc_dropout", "resources": {"cpu": 2}},
+        ],
+        "search": {"n_trials": 2},
+        "reference": {"chains": 2, "resources": {"cpu": 3}},
+    }
+    grid = parse_grid(raw, "g.yaml")
+    assert list(grid.search_cells()) == ["sgd/mlp/digits"]
+    assert grid.search_cells()["sgd/mlp/digits"]["lr"]["type"] == "loguniform"
+    spec = grid.search_spec("sgd/mlp/digits")
+    assert (spec.phase, spec.cell, spec.seed) == ("search", "sgd/mlp/digits", grid.seeds[0])
+    assert [(label, model, r["cpu"]) for label, model, r in grid.trial_requests()] == [
+        ("sgd", "mlp", 1),
+        ("mc_dropout", "mlp", 2),
+        ("reference", "mlp", 3),
+    ]

@@ -188,6 +188,30 @@ class Grid:
         )
         return dataclasses.replace(spec, trial_id=trial_id(spec))
 
+    def search_cells(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """{cell key: its search space} of every cell whose method entry declares one, in the grid's order: the
+        search phase's walk of the grid (with :meth:`search_spec`)."""
+        return {cell_key(c): c["method"].search_space for c in self.cells() if c["method"].search_space}
+
+    def search_spec(self, key: str) -> TrialSpec:
+        """The search-phase spec of the cell ``key`` (its first seed; the searcher's sampled hyperparameters go
+        over its configuration)."""
+        cell = next(c for c in self.cells() if cell_key(c) == key)
+        return self.spec_for(cell, self.seeds[0], "search", {})
+
+    def trial_requests(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(method label, model, resources) of every cell's trials (both phases ask for the same) and, label
+        ``reference``, of each reference trial whose block gives its own ``resources`` (over its cell's): what
+        the cluster check walks (:func:`ursa_ray.tune.cluster.grid_requests`)."""
+        asked = [
+            (c["method"].label, c["model"].name, self.resources_for(c["method"], c["model"])) for c in self.cells()
+        ]
+        for block, cell in self.reference_cells():
+            if "resources" in block.settings:
+                cells = self.resources_for(cell["method"], cell["model"])
+                asked.append(("reference", cell["model"].name, {**cells, **block.settings["resources"]}))
+        return asked
+
     def resources_for(self, method: MethodEntry, model: ModelEntry) -> dict[str, Any]:
         """The resources one trial of ``method`` on ``model`` asks Ray for, ``{cpu, gpu, custom}``.
 
