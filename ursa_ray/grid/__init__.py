@@ -2,7 +2,9 @@
 (:mod:`~ursa_ray.grid.schema`, one entry per top-level key; the lists of methods, models and datasets in
 :mod:`~ursa_ray.grid.entries`, the other keys' parsers in :mod:`~ursa_ray.grid.blocks` and
 :mod:`~ursa_ray.grid.references`, the checks across keys in :mod:`~ursa_ray.grid.crosschecks`), expanded into
-trial specs (:mod:`~ursa_ray.grid.expand`), and checked against their data (:mod:`~ursa_ray.grid.data_checks`).
+trial specs (:mod:`~ursa_ray.grid.expand`), and checked against their data (:mod:`~ursa_ray.grid.data_checks`;
+whether each trial's request fits a node of the cluster: :func:`ursa_ray.tune.cluster.check_cluster_fits`).
+README's grid reference is generated from the schema (:mod:`~ursa_ray.grid.docs`).
 
 A grid names methods, models, datasets and seeds; every (method, model, dataset[, complexity], seed) is one
 final-phase trial.  Validation rejects a bad grid before any trial starts with a one-line :class:`GridError`
