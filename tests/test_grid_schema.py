@@ -30,20 +30,29 @@ def _loggers(checking, value):
     return tuple(value)
 
 
+def _few_seeds_for_tensorboard(grid):
+    """A made-up check against another key: tensorboard takes at most 3 seeds."""
+    if "tensorboard" in grid.made_up_loggers and len(grid.seeds) > 3:
+        raise GridError(f"{grid.path}: made_up_loggers: tensorboard takes at most 3 seeds, not {len(grid.seeds)}")
+
+
 MADE_UP = Key(
     "made_up_loggers",
     help="experiment trackers every trial also logs to: a list of mlflow, tensorboard (default none)",
     parse=_loggers,
     default_factory=list,
+    checks=(_few_seeds_for_tensorboard,),
     example="made_up_loggers: [mlflow]       # also log every trial to these trackers",
 )
 WITH_MADE_UP = (*KEYS, MADE_UP)
 
 
-def test_a_key_added_in_one_entry_is_parsed_defaulted_and_in_the_messages():
+def test_a_key_added_in_one_entry_is_parsed_defaulted_checked_and_in_the_messages():
     grid = parse_grid({**GOOD, "made_up_loggers": ["mlflow", "tensorboard"]}, "g.yaml", WITH_MADE_UP)
     assert grid.made_up_loggers == ("mlflow", "tensorboard") == grid.settings["made_up_loggers"]
     assert parse_grid(GOOD, "g.yaml", WITH_MADE_UP).made_up_loggers == ()  # its default, through its parser
+    with pytest.raises(GridError, match="^g.yaml: made_up_loggers: tensorboard takes at most 3 seeds, not 4$"):
+        parse_grid({**GOOD, "seeds": 4, "made_up_loggers": ["tensorboard"]}, "g.yaml", WITH_MADE_UP)
     with pytest.raises(GridError, match=r"^g.yaml: made_up_loggers: expected a list of mlflow, tensorboard, got 'x'$"):
         parse_grid({**GOOD, "made_up_loggers": "x"}, "g.yaml", WITH_MADE_UP)
     with pytest.raises(GridError, match=r"colour: unknown key; allowed: name, .*, statistics, made_up_loggers$"):

@@ -40,8 +40,8 @@ class Key:
     default_factory: Callable[[], Any] | None = None
     """Makes the default instead, where it comes from a module that imports torch (imported when needed)."""
     required: bool = False
-    check: Callable[[Grid], None] | None = None
-    """A check against the other keys, run on the built grid (:mod:`ursa_ray.grid.crosschecks`)."""
+    checks: tuple[Callable[[Grid], None], ...] = ()
+    """Checks against the other keys, run in order on the built grid (:mod:`ursa_ray.grid.crosschecks`)."""
     example: str = ""
     """README's example of the key: YAML lines with comments in the generated grid block; empty: the key is
     listed with its help on the "Also:" line under the block."""
@@ -79,7 +79,7 @@ KEYS: tuple[Key, ...] = (
         help="a non-empty list of methods",
         parse=entries.parse_methods,
         required=True,
-        check=crosschecks.check_pairings,
+        checks=(crosschecks.check_pairings,),
         example=(
             "methods:                         # required: names, or mappings\n"
             "  - sgd\n"
@@ -123,7 +123,7 @@ KEYS: tuple[Key, ...] = (
         help=f"the most final trials the grid may have (a positive integer, default {DEFAULT_MAX_TRIALS:,})",
         parse=_scalar("max_trials", _at_least(1)),
         default=DEFAULT_MAX_TRIALS,
-        check=crosschecks.check_trial_count,
+        checks=(crosschecks.check_trial_count,),
     ),
     Key(
         "resources",
@@ -218,7 +218,7 @@ KEYS: tuple[Key, ...] = (
         "search",
         help=f"the hyperparameter search phase {sorted(SEARCH_KEYS)}",
         parse=blocks.parse_search,
-        check=crosschecks.check_selection_metric,
+        checks=(crosschecks.check_selection_metric,),
         example="search: {algorithm: random, n_trials: 8, metric: val_nll}   # the search phase, see docs/search.md",
     ),
     Key(
@@ -229,7 +229,7 @@ KEYS: tuple[Key, ...] = (
             "models: and datasets: (docs/fidelity.md)"
         ),
         parse=parse_references,
-        check=crosschecks.check_references_serve,
+        checks=(crosschecks.check_references_serve,),
         attribute="references",
         example=(
             "reference: {chains: 4, n_samples: 400, burn_in: 200, prior_std: 0.5}   # score against multi-chain HMC, "
@@ -276,8 +276,8 @@ def parse_grid(raw: Any, path: str = "<grid>", keys: tuple[Key, ...] = KEYS) -> 
         **{name: value for name, value in fields.items() if name in _GRID_FIELDS},
     )
     for key in keys:
-        if key.check is not None:
-            key.check(grid)
+        for check in key.checks:
+            check(grid)
     return grid
 
 
