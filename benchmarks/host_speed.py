@@ -2,8 +2,8 @@
 copies on 1,257 digits-sized examples (the quickstart reference's step, ``torch.func.vmap`` over
 ``functional_call``), the mean of 50 after 5 warm-ups, on ``--threads`` torch threads (default 1).
 
-On a shared host the same step's time moves with the hour (docs/performance.md, round six: 14.5 to 27 ms on one
-thread on the 2-core machine); read it before and after a wall-clock measurement and compare timings only
+On a shared host the same step's time moves with the hour (docs/performance.md, "The machine": 14.5 to 27 ms
+on one thread on the 2-core machine); read it before and after a wall-clock measurement and compare timings only
 at similar readings.
 
     python benchmarks/host_speed.py [--threads N]

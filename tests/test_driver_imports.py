@@ -36,7 +36,7 @@ def run_fresh(code: str, timeout: int) -> str:
 
 def test_the_driver_uses_a_checked_grid_without_importing_torch(tmp_path):
     """Everything the driver asks of the grid (cells, resources, final specs, the results' fingerprint) is
-    answered without the registries.  Fails when grid.py imports a registry on import, when cells() looks up
+    answered without the registries.  Fails when ursa_ray.grid imports a registry on import, when cells() looks up
     the sweep in the dataset registry, or when the final specs are rebuilt rather than kept."""
     (tmp_path / "g.yaml").write_text(GRID)
     out = run_fresh(

@@ -1,6 +1,6 @@
 """Functions on the trial path stay short enough to read on one screen (issue 28: about 60 lines at most).
-Checked for ursa_ray/tune, the trial (trial.py, prepare.py) and ursa_ray/evaluation with its probes; a
-function's docstring does not count (an update rule or a derivation belongs there)."""
+Checked for ursa_ray/tune, the trial (trial.py, prepare.py), ursa_ray/evaluation with its probes, and the grid
+package (issue 46); a function's docstring does not count (an update rule or a derivation belongs there)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ PACKAGES = [
     "ursa_ray/prepare.py",
     "ursa_ray/evaluation",
     "ursa_ray/evaluation/probes",
+    "ursa_ray/grid",
 ]
 LIMIT = 60
 

@@ -370,7 +370,7 @@ def run_trials_batched(specs: list[TrialSpec], device: torch.device | None = Non
 
 
 def run_reference_trial(spec: TrialSpec, device: torch.device | None = None) -> TrialOutcome:
-    """A reference trial (phase ``reference``, :func:`ursa_ray.grid._link_references`): its cell's reference
+    """A reference trial (phase ``reference``, :func:`ursa_ray.grid.expand._link_references`): its cell's reference
     reused from ``spec.references_dir`` or computed and stored there (:func:`stored_or_computed`); metric rows
     ``reference:SET`` (its noise floor ``noise_*``, ``rhat_max``, ``ess_bulk_min``, ``converged``) and ``cost``
     (``computed``: 1 when this trial ran the chains, 0 when it reused them; the stored run's cost either way)."""

@@ -52,16 +52,8 @@ def grid_requests(grid: Grid) -> dict[tuple[tuple[str, float], ...], list[tuple[
     """Every distinct request of the grid's trials (both phases: a cell's search and final trials ask for the
     same; a reference trial the block's ``resources`` over its cell's), as sorted (resource, amount) pairs, each
     with the (method label, model) pairs that ask for it (label ``reference`` for a reference trial)."""
-    asked = [
-        (cell["method"].label, cell["model"].name, grid.resources_for(cell["method"], cell["model"]))
-        for cell in grid.cells()
-    ]
-    for block, cell in grid.reference_cells():
-        if "resources" in block.settings:
-            cells = grid.resources_for(cell["method"], cell["model"])
-            asked.append(("reference", cell["model"].name, {**cells, **block.settings["resources"]}))
     out: dict[tuple[tuple[str, float], ...], list[tuple[str, str]]] = {}
-    for label, model, resources in asked:
+    for label, model, resources in grid.trial_requests():
         pairs = out.setdefault(tuple(sorted(request(resources).items())), [])
         if (label, model) not in pairs:
             pairs.append((label, model))

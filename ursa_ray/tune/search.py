@@ -32,7 +32,7 @@ import pandas as pd
 from ray import tune
 from ray.tune.search.optuna import OptunaSearch
 
-from ursa_ray.grid import Grid, cell_key
+from ursa_ray.grid import Grid
 from ursa_ray.results import ResultsDirectory
 from ursa_ray.tune.trainable import pack
 from ursa_ray.tune.trials import run_trials
@@ -157,19 +157,15 @@ def run_search_phase(
     settings = grid.search
     assert settings is not None
     overrides: dict[str, dict[str, Any]] = {}
-    for cell in grid.cells():
-        method = cell["method"]
-        if not method.search_space:
-            continue
+    for key, search_space in grid.search_cells().items():
         if interrupt is not None and interrupt.is_set():
             break
-        key = cell_key(cell)
-        pinned = final_config(results, key, method.search_space)
+        pinned = final_config(results, key, search_space)
         if pinned is not None:  # closed: a new best now would give the cell a second set of final trials
             overrides[key] = pinned
             echo(f"search phase: {key}: closed (its final phase has started) with {pinned}")
             continue
-        if not _search_cell(grid, cell, results, summary, echo, stamp, interrupt):
+        if not _search_cell(grid, key, search_space, results, summary, echo, stamp, interrupt):
             break  # no selection from a cut-short search
         found = best_config(results, key, settings.metric, settings.mode)
         if found is None:
@@ -178,19 +174,25 @@ def run_search_phase(
             echo(f"FAILED search {key}: {why}; its final phase is not run")
             continue
         config, value = found
-        chosen = {name: config[name] for name in method.search_space}
+        chosen = {name: config[name] for name in search_space}
         overrides[key] = chosen
         echo(f"search phase: {key}: best {settings.metric} = {value:.4f} with {chosen}")
     return overrides
 
 
 def _search_cell(
-    grid: Grid, cell: dict[str, Any], results: ResultsDirectory, summary: Any, echo: Any, stamp: str, interrupt: Any
+    grid: Grid,
+    key: str,
+    search_space: dict[str, Any],
+    results: ResultsDirectory,
+    summary: Any,
+    echo: Any,
+    stamp: str,
+    interrupt: Any,
 ) -> bool:
-    """Run the cell's search trials still to run (none once its trial count or its budget is spent, see
+    """Run the cell ``key``'s search trials still to run (none once its trial count or its budget is spent, see
     :func:`search_plan`) as one Tune experiment.  False when Ctrl-C cut it short (nothing is then selected)."""
     settings = grid.search
-    key = cell_key(cell)
     rows = search_rows(results, key)
     remaining, finished, budget = search_plan(rows, settings)
     if remaining == 0 or budget.exhausted():
@@ -203,7 +205,7 @@ def _search_cell(
         f"search phase: {key}: {' or '.join(plan)} ({finished} already finished), {settings.algorithm}"
         f"{', asha' if settings.scheduler == 'asha' else ''}, metric {settings.metric}"
     )
-    space = {name: DISTRIBUTIONS[d["type"]](d) for name, d in cell["method"].search_space.items()}
+    space = {name: DISTRIBUTIONS[d["type"]](d) for name, d in search_space.items()}
     stopper = run_trials(
         [],
         grid,
@@ -212,8 +214,8 @@ def _search_cell(
         summary,
         echo,
         interrupt,
-        tune_config=_tune_config(grid, cell["method"].search_space, rows, remaining),
-        param_space={"spec": pack(grid.spec_for(cell, grid.seeds[0], "search", {})), "hp": space},
+        tune_config=_tune_config(grid, search_space, rows, remaining),
+        param_space={"spec": pack(grid.search_spec(key)), "hp": space},
         budget=budget if budget.active else None,
         total=remaining,
     )
