@@ -24,7 +24,11 @@ splits and streams, so two methods' values on the same unit are paired.
   tie-corrected) asks whether any method ranks differently; Nemenyi's post-hoc (:func:`scikit_posthocs.posthoc_nemenyi_friedman`) compares every
   pair, and two methods differ when their mean ranks differ by more than the critical difference
   CD = q_α · √(k(k + 1) / (6N)), q_α the studentized range quantile for k methods over √2.  Post-hoc
-  differences count only when the Friedman test rejects; otherwise every method is in the best group.
+  differences count only when the Friedman test rejects after Holm's correction (below); otherwise every
+  method is in the best group.
+* **One family** (:func:`compare`): Holm's correction runs over every test the report states, the pairwise
+  Wilcoxon tests and the per-principle Friedman tests together (m = their finite p-values; a pair sharing
+  no unit has none), so the chance of any false claim of a difference anywhere in the report is at most α.
 * **Resolution** (:func:`resolvable_differences`): with n units per pair and spread s_d (the median over
   pairs of the standard deviation of paired differences), the smallest difference a paired test finds with
   80% power at Holm's first step α/m (m tests in the report) is
@@ -42,6 +46,7 @@ replicated units, by the tests above.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import combinations
@@ -194,11 +199,16 @@ def principle_units(units: pd.DataFrame, principle: str) -> pd.DataFrame:
     return units[units["composite"].isin(PRINCIPLES[principle])]
 
 
-def paired_tests(units: pd.DataFrame, alpha: float = 0.05, principles: list[str] | None = None) -> pd.DataFrame:
+def paired_tests(
+    units: pd.DataFrame,
+    alpha: float = 0.05,
+    principles: list[str] | None = None,
+    other_p_values: Sequence[float] = (),
+) -> pd.DataFrame:
     """One row per (principle, composite, method_a, method_b): ``units`` compared, ``median_difference``
     (a − b, in the metric's units) with ``difference_low`` / ``difference_high``, ``p_value``, ``p_holm``
-    (Holm over every test of ``principles``: the whole report when all) and ``better`` (a method, or
-    ``tie``).  See the module doc."""
+    (Holm over every test of ``principles`` and ``other_p_values``, the other tests of the same family: the
+    whole report's when all, :func:`compare`) and ``better`` (a method, or ``tie``).  See the module doc."""
     family = []
     for principle in principles or list(PRINCIPLES):
         these = principle_units(units, principle)
@@ -225,7 +235,7 @@ def paired_tests(units: pd.DataFrame, alpha: float = 0.05, principles: list[str]
                         "_direction": direction,
                     }
                 )
-    adjusted = holm(np.array([r["p_value"] for r in family]))
+    adjusted = holm(np.array([r["p_value"] for r in family] + list(other_p_values)))[: len(family)]
     rows = []
     for row, p in zip(family, adjusted, strict=True):
         direction = row.pop("_direction")
@@ -278,6 +288,7 @@ class FriedmanResult:
     mean_ranks: pd.Series = field(default_factory=pd.Series)  # per method, 1 = best
     statistic: float = float("nan")
     p_value: float = float("nan")
+    p_holm: float = float("nan")  # corrected within the report's family (:func:`compare`); NaN when run alone
     critical_difference: float = float("nan")
     nemenyi: pd.DataFrame = field(default_factory=pd.DataFrame)  # p-values, methods × methods
     best_group: list[str] = field(default_factory=list)  # not significantly different from the best
@@ -316,15 +327,20 @@ def friedman_test(units: pd.DataFrame, principle: str, alpha: float = 0.05) -> F
     result.critical_difference = nemenyi_critical_difference(len(methods), len(scores), alpha)
     result.nemenyi = scikit_posthocs.posthoc_nemenyi_friedman(scores.to_numpy())
     result.nemenyi.index = result.nemenyi.columns = methods
-    best = result.mean_ranks.index[0]
-    if result.p_value < alpha:
-        result.best_group = [m for m in result.mean_ranks.index if m == best or result.nemenyi.loc[best, m] >= alpha]
-    else:
-        result.best_group = list(result.mean_ranks.index)
+    result.best_group = nemenyi_best_group(result, result.p_value, alpha)
     return result
 
 
-def resolvable_differences(units: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+def nemenyi_best_group(result: FriedmanResult, p_value: float, alpha: float) -> list[str]:
+    """The methods Nemenyi's post-hoc does not separate from the best mean rank, given the Friedman test's
+    ``p_value`` (raw, or corrected within a family): every method unless that p-value is below ``alpha``."""
+    if result.note or not p_value < alpha:
+        return list(result.mean_ranks.index) or list(result.methods)
+    best = result.mean_ranks.index[0]
+    return [m for m in result.mean_ranks.index if m == best or result.nemenyi.loc[best, m] >= alpha]
+
+
+def resolvable_differences(units: pd.DataFrame, alpha: float = 0.05, family_size: int | None = None) -> pd.DataFrame:
     """Per (principle, composite): ``units`` per pair (median), ``cells``, ``seeds`` (median per cell), the
     spread ``sd_difference`` of paired differences, ``resolvable`` (the smallest difference found with 80%
     power at α/m), ``tests`` (m) and ``units_needed`` (the fewest units with which the exact Wilcoxon test
@@ -335,7 +351,7 @@ def resolvable_differences(units: pd.DataFrame, alpha: float = 0.05) -> pd.DataF
         for composite in names
         if composite in set(units["composite"])
     }
-    m = sum(d.shape[1] for d in differences.values())  # Holm's family: every test of the report
+    m = family_size or sum(d.shape[1] for d in differences.values())  # Holm's family: every test of the report
     rows = []
     for (principle, composite), pair_values in differences.items():
         if not pair_values.shape[1]:
@@ -390,8 +406,9 @@ def plot_critical_difference(result: FriedmanResult, path: Path, alpha: float = 
     import matplotlib.pyplot as plt
     import scikit_posthocs
 
+    decisive = result.p_value if np.isnan(result.p_holm) else result.p_holm  # corrected within the report's family
     significance = result.nemenyi.copy()
-    if not result.p_value < alpha:
+    if not decisive < alpha:
         significance.loc[:, :] = 1.0
     k = len(result.methods)
     figure, ax = plt.subplots(figsize=(9, 1.6 + 0.32 * k), layout="constrained")
@@ -406,10 +423,11 @@ def plot_critical_difference(result: FriedmanResult, path: Path, alpha: float = 
         label_props={"fontsize": 9},
         crossbar_props={"linewidth": 2.5},
     )
-    verdict = "differences exist" if result.p_value < alpha else "no significant difference"
+    verdict = "differences exist" if decisive < alpha else "no significant difference"
+    corrected = "" if np.isnan(result.p_holm) else f", Holm {result.p_holm:.3g}"
     ax.set_title(
         f"{result.principle}: mean rank over {result.blocks} blocks (1 = best); bars join methods not "
-        f"significantly different\nFriedman p = {result.p_value:.3g} ({verdict} at α = {alpha}); "
+        f"significantly different\nFriedman p = {result.p_value:.3g}{corrected} ({verdict} at α = {alpha}); "
         f"Nemenyi CD = {result.critical_difference:.2f}",
         fontsize=9,
     )
@@ -426,7 +444,7 @@ class Comparison:
     ``cells``: per composite, method, model, dataset: seeds, mean, std, low, high.
     ``composites``: per composite and method: value, low, high, cells, seeds (fewest per cell).
     ``pairs``: :func:`paired_tests`.  ``friedman``: per principle: methods, blocks, all_blocks, statistic,
-    p_value, critical_difference, best_group, note.  ``ranks``: per principle and method: mean_rank (Friedman
+    p_value, p_holm, critical_difference, best_group, note.  ``ranks``: per principle and method: mean_rank (Friedman
     blocks) and in_best_group.  ``resolution``: :func:`resolvable_differences`."""
 
     cells: pd.DataFrame
@@ -436,6 +454,7 @@ class Comparison:
     ranks: pd.DataFrame
     resolution: pd.DataFrame
     tests: dict[str, FriedmanResult]
+    family_size: int  # m of Holm's correction: the finite p-values of every pairwise and Friedman test
 
 
 def compare(
@@ -476,6 +495,12 @@ def compare(
             }
         )
     tests = {p: friedman_test(units, p, alpha) for p in principles if not principle_units(units, p).empty}
+    friedman_p = [r.p_value for r in tests.values()]
+    pairs = paired_tests(units, alpha, principles, friedman_p)
+    joint = np.array(list(pairs["p_value"]) + friedman_p, dtype=float)
+    for result, p_holm in zip(tests.values(), holm(joint)[len(pairs) :], strict=True):
+        result.p_holm = float(p_holm)
+        result.best_group = nemenyi_best_group(result, p_holm, alpha)
     friedman = pd.DataFrame(
         [
             {
@@ -485,6 +510,7 @@ def compare(
                 "all_blocks": r.all_blocks,
                 "statistic": r.statistic,
                 "p_value": r.p_value,
+                "p_holm": r.p_holm,
                 "critical_difference": r.critical_difference,
                 "best_group": ", ".join(r.best_group),
                 "note": r.note,
@@ -498,6 +524,7 @@ def compare(
             "all_blocks",
             "statistic",
             "p_value",
+            "p_holm",
             "critical_difference",
             "best_group",
             "note",
@@ -516,15 +543,17 @@ def compare(
         ],
         columns=["principle", "method", "mean_rank", "in_best_group"],
     )
-    resolution = resolvable_differences(units, alpha)
+    family_size = int(np.isfinite(joint).sum())
+    resolution = resolvable_differences(units, alpha, family_size)
     return Comparison(
         cells,
         pd.DataFrame(composite_rows, columns=["composite", "method", "value", "low", "high", "cells", "seeds"]),
-        paired_tests(units, alpha, principles),
+        pairs,
         friedman,
         ranks,
         resolution[resolution["principle"].isin(principles)].reset_index(drop=True),
         tests,
+        family_size,
     )
 
 
@@ -586,16 +615,20 @@ def statistics_markdown(
         "**Summary.** ",
     ]
     not_ranked = not_ranked_note(metrics, trials)
+    m = comparison.family_size
+    family = (
+        f"Holm over the report's {m} tests: its pairwise Wilcoxon tests and its Friedman tests, so the chance of "
+        "any false claim of a difference in this report is at most α"
+    )
     if significant.empty:
         out[-1] += (
-            f"No ordering survives Holm's correction over the report: all {len(pairs)} pairwise comparisons "
+            f"No ordering survives Holm's correction ({family}): all {len(pairs)} pairwise comparisons "
             "are ties at these seeds (see how many seeds each principle needs below)."
         )
     else:
         out[-1] += (
             f"{len(significant)} of {len(pairs)} pairwise orderings survive Holm's correction (Wilcoxon "
-            f"signed-rank, Holm over all {len(pairs)} tests of the report, so the chance of any false ordering "
-            "in this list is at most α); every other pair is a tie:"
+            f"signed-rank; {family}); every other pair is a tie:"
         )
         out += [""] + [f"- {row['principle']}: {_ordering(row)}" for _, row in significant.iterrows()]
     out += ["", not_ranked] if not_ranked else []
@@ -605,8 +638,8 @@ def statistics_markdown(
         if result.note:
             out.append(f"Friedman test: not run ({result.note}).")
         else:
-            if not result.p_value < alpha:
-                verdict = "no significant difference among the methods: all are tied"
+            if not result.p_holm < alpha:
+                verdict = "no significant difference among the methods after Holm's correction: all are tied"
             elif len(result.best_group) == len(result.methods):
                 verdict = (
                     "the test rejects, but Nemenyi's post-hoc separates no method from the best: all are in "
@@ -625,7 +658,7 @@ def statistics_markdown(
             out.append(
                 f"Friedman test over {result.blocks} of {result.all_blocks} blocks (the units every one of "
                 f"the {len(result.methods)} methods completed): χ² = {result.statistic:.3g}, p = "
-                f"{result.p_value:.3g}; {verdict}. Nemenyi critical difference {result.critical_difference:.2f} ranks."
+                f"{result.p_value:.3g} (Holm over the report's {m}: {result.p_holm:.3g}); {verdict}. Nemenyi critical difference {result.critical_difference:.2f} ranks."
             )
             path = plot_critical_difference(result, figures_dir / f"cd_{principle}.png", alpha)
             figures.append(path)
@@ -635,7 +668,7 @@ def statistics_markdown(
             wins = these[these["better"] != "tie"]
             out += [
                 "",
-                f"Paired Wilcoxon tests of this principle: {len(these)} (Holm over the report's {len(pairs)}), "
+                f"Paired Wilcoxon tests of this principle: {len(these)} (Holm over the report's {m}), "
                 f"{len(wins)} significant; units per pair {these['units'].min()}–{these['units'].max()}.",
             ]
             if not wins.empty:

@@ -625,7 +625,53 @@ def test_the_summary_says_holm_covers_the_whole_report(tmp_path):
     write_results(tmp_path, simulated_values(np.random.default_rng(1), {"a": 0.0, "b": 0.02, "c": 0.0}))
     write_report(tmp_path)
     summary = (tmp_path / "report.md").read_text().split("**Summary.**")[1].split("\n### ")[0]
-    assert "Holm over all 6 tests of the report" in summary
+    comparison = ursa_ray.load(tmp_path).compare()
+    assert comparison.family_size == 6 + 2  # 3 pairs on each of 2 composites, one Friedman test per principle
+    assert "Holm over the report's 8 tests: its pairwise Wilcoxon tests and its Friedman tests" in summary
+
+
+def test_one_seed_on_each_of_four_cells_claims_no_difference_anywhere(tmp_path):
+    """Issue 44, item 7, found by the independent check: four methods in one order, one seed on each of four
+    cells.  The pairwise tests tie (p ≥ 0.125), and the per-principle Friedman test (p = 0.0074 raw) used to
+    call ``d`` outside the best group at α, a claim outside the summary's family; both now share Holm's
+    family, so the report claims no difference anywhere."""
+    from analysis.report import write_report
+
+    cells = [("mlp", "digits"), ("mlp", "wine"), ("cnn", "digits"), ("cnn", "wine")]
+    values = {
+        (method, model, dataset, 0): {"accuracy": 0.9 - 0.01 * k, "nll": 0.3 + 0.01 * k}
+        for k, method in enumerate("abcd")
+        for model, dataset in cells
+    }
+    write_results(tmp_path, values)
+    comparison = ursa_ray.load(tmp_path).compare()
+    raw = comparison.friedman.set_index("principle")["p_value"]
+    assert (raw < 0.05).all()  # alone, each Friedman test rejects
+    assert (comparison.friedman["p_holm"] >= 0.05).all()
+    assert all(r.best_group == list(r.mean_ranks.index) for r in comparison.tests.values())
+    write_report(tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "the methods differ" not in report and "significantly different from the best" not in report
+    assert "no significant difference among the methods after Holm's correction" in report
+
+
+def test_a_pair_sharing_no_unit_is_left_out_of_the_stated_family(tmp_path):
+    """A pair of methods with no unit in common has no p-value; Holm leaves it out of m, and so does every
+    figure the report states (the independent check found the text counting it)."""
+    rng = np.random.default_rng(3)
+    values = {}
+    for method, cells in {"a": ["digits", "wine"], "b": ["digits"], "c": ["wine"]}.items():
+        for dataset in cells:
+            for seed in range(6):
+                values[(method, "mlp", dataset, seed)] = {"accuracy": 0.8 + 0.01 * rng.standard_normal()}
+    write_results(tmp_path, values)
+    comparison = ursa_ray.load(tmp_path).compare()
+    finite = int(np.isfinite(comparison.pairs["p_value"]).sum()) + int(
+        np.isfinite(comparison.friedman["p_value"]).sum()
+    )
+    assert finite < len(comparison.pairs) + len(comparison.friedman)  # b and c share no unit
+    assert comparison.family_size == finite
+    assert (comparison.resolution["tests"] == finite).all()
 
 
 def test_one_seed_per_cell_makes_no_significance_claim(tmp_path):
